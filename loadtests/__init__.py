@@ -1,0 +1,1 @@
+"""Workload generators, the load runner and the benchmark report."""

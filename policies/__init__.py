@@ -1,0 +1,1 @@
+"""Pure decision logic: no sockets, no web framework, no Redis. Inputs are frozen values and `now`."""

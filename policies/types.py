@@ -1,0 +1,116 @@
+"""Plain, frozen inputs shared by every decision in `policies/`.
+
+The gateway gathers these from the network (scrapes, request bodies, config) and hands them to pure
+functions; nothing here does I/O. Times are seconds on the caller's monotonic clock unless a field says
+otherwise. Token counts are tokens, byte counts are bytes.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+_EMPTY: Mapping[str, str] = MappingProxyType({})
+
+
+class Band(enum.IntEnum):
+    """Priority band. Lower value = more important; `Band.CRITICAL < Band.STANDARD`."""
+
+    CRITICAL = 0
+    STANDARD = 1
+    SHEDDABLE = 2
+
+    @classmethod
+    def parse(cls, text: str) -> Band:
+        """`"critical"` -> `Band.CRITICAL`; raises ValueError for unknown names."""
+        try:
+            return cls[text.strip().upper()]
+        except KeyError:
+            names = ", ".join(b.name.lower() for b in cls)
+            raise ValueError(f"unknown priority {text!r}; expected one of: {names}") from None
+
+    @property
+    def label(self) -> str:
+        return self.name.lower()
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaState:
+    """What the gateway believes about one replica at one instant.
+
+    `running`, `waiting`, `kv_usage` and the adapter sets come from the replica's last good scrape;
+    `in_flight*` are the gateway's own live counts (sent, not yet finished), exact between scrapes.
+    `scraped_at` is None until the first good scrape. `kv_usage` is a fraction in [0, 1].
+    """
+
+    name: str
+    url: str
+    pool: str
+    healthy: bool = True
+    scraped_at: float | None = None
+    running: int = 0
+    waiting: int = 0
+    kv_usage: float = 0.0
+    in_flight: int = 0
+    in_flight_tokens: int = 0
+    block_size: int = 16
+    num_gpu_blocks: int = 0
+    max_loras: int = 0
+    adapters: frozenset[str] = frozenset()
+    active_adapters: frozenset[str] = frozenset()
+    labels: Mapping[str, str] = field(default=_EMPTY)
+
+    @property
+    def kv_capacity_tokens(self) -> int:
+        """KV cache size in tokens as the replica reports it (0 when unknown)."""
+        return self.block_size * self.num_gpu_blocks
+
+    def is_fresh(self, now: float, stale_after_s: float) -> bool:
+        return self.scraped_at is not None and now - self.scraped_at <= stale_after_s
+
+
+@dataclass(frozen=True, slots=True)
+class FleetSnapshot:
+    """Every known replica at `taken_at` (monotonic seconds). Order is stable (config order)."""
+
+    replicas: tuple[ReplicaState, ...]
+    taken_at: float
+
+    def by_name(self, name: str) -> ReplicaState | None:
+        for r in self.replicas:
+            if r.name == name:
+                return r
+        return None
+
+    def pool(self, pool: str) -> tuple[ReplicaState, ...]:
+        return tuple(r for r in self.replicas if r.pool == pool)
+
+
+@dataclass(frozen=True, slots=True)
+class RequestInfo:
+    """One parsed client request, as the policies see it.
+
+    `model` is what the client asked for; `base_model` is the pool it runs in and `adapter` the LoRA
+    adapter name or None. `prompt_tokens` is an estimate unless `prompt_tokens_exact` is set.
+    `max_tokens` is the output cap the reservation uses (already defaulted by tenant policy).
+    `prefix_keys` are the chained block keys of the canonical prompt (see `policies.prefix`).
+    """
+
+    model: str
+    base_model: str
+    adapter: str | None
+    prompt_tokens: int
+    max_tokens: int
+    stream: bool = False
+    tenant: str = "anonymous"
+    band: Band = Band.STANDARD
+    session_id: str | None = None
+    prefix_keys: tuple[int, ...] = ()
+    prompt_tokens_exact: bool = False
+
+    @property
+    def reserved_tokens(self) -> int:
+        """Tokens reserved against a token bucket at admission: input plus the output cap."""
+        return self.prompt_tokens + self.max_tokens
