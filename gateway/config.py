@@ -1,0 +1,270 @@
+"""kvgate's one YAML config, validated at load with pydantic.
+
+Unknown keys and bad values are refused with the dotted path of the field and the reason
+(`ConfigError`). Durations are seconds (`*_s`), sizes bytes (`*_bytes`), limits per minute.
+Every section has defaults, so an empty file is a valid config (the embedded simulated fleet,
+no tenants, in-memory state).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+
+class ConfigError(ValueError):
+    """A config that cannot be used; `str()` lists each problem as `path: reason`."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ServerConfig(_Strict):
+    host: str = "127.0.0.1"
+    port: int = Field(8080, ge=0, le=65535)
+    max_body_bytes: int = Field(4 * 1024 * 1024, gt=0)
+    debug_headers: bool = False  # adds x-kvgate-route with the winner's per-scorer scores
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+
+
+class ModelConfig(_Strict):
+    """Per-pool settings. A pool is named by its base model, as the replicas serve it."""
+
+    name: str = Field(min_length=1)
+    # "sim": the simulator's own tokenizer (exact counts and token blocks); none: ~4 bytes per token.
+    tokenizer: Literal["none", "sim"] = "none"
+    aliases: tuple[str, ...] = ()
+
+
+class ReplicaConfig(_Strict):
+    url: str
+    model: str = Field(min_length=1)  # the pool: base model this replica serves
+    name: str | None = None  # defaults to host:port
+    labels: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("url")
+    @classmethod
+    def _http_url(cls, v: str) -> str:
+        if not (v.startswith("http://") or v.startswith("https://")) or len(v.split("//", 1)[1]) == 0:
+            raise ValueError("must be an http:// or https:// URL")
+        return v.rstrip("/")
+
+    @property
+    def display_name(self) -> str:
+        return self.name or self.url.split("//", 1)[1]
+
+
+class SimulatorConfig(_Strict):
+    """The embedded fleet `kvgate up` starts when the config names no replicas."""
+
+    replicas: int = Field(4, ge=1, le=64)
+    profile: str = "llama-3-8b-h100"
+    time_scale: float = Field(1.0, gt=0)
+    model: str | None = None
+    block_size: int = Field(16, ge=1)
+    kv_blocks: int | None = Field(None, ge=1)
+    max_num_seqs: int = Field(256, ge=1)
+    max_loras: int = Field(0, ge=0)
+    adapters: tuple[str, ...] = ()
+
+
+class FleetConfig(_Strict):
+    scrape_interval_s: float = Field(0.2, gt=0)
+    scrape_timeout_s: float = Field(0.5, gt=0)
+    stale_after_s: float = Field(1.0, gt=0)  # older metrics count as saturated
+    health_interval_s: float = Field(1.0, gt=0)
+    health_timeout_s: float = Field(0.5, gt=0)
+    eject_after_failures: int = Field(2, ge=1)
+    eject_backoff_s: float = Field(1.0, gt=0)  # first ejection; doubles per repeat
+    eject_backoff_max_s: float = Field(30.0, gt=0)
+    models_poll_interval_s: float = Field(5.0, gt=0)
+
+
+class UpstreamConfig(_Strict):
+    connect_timeout_s: float = Field(1.0, gt=0)
+    first_byte_timeout_s: float = Field(60.0, gt=0)  # covers replica queueing and prefill
+    chunk_timeout_s: float = Field(30.0, gt=0)  # between two chunks of a stream
+    max_retries: int = Field(2, ge=0, le=10)  # extra replicas tried before the first byte
+    connections_per_replica: int = Field(1024, ge=1)
+
+
+class PluginSpec(_Strict):
+    type: str
+    name: str | None = None
+    weight: float | None = None
+    params: dict[str, Any] = Field(default_factory=dict)
+
+
+class ProfileConfig(_Strict):
+    filters: tuple[PluginSpec, ...] = ()
+    scorers: tuple[PluginSpec, ...] = ()
+    picker: PluginSpec = PluginSpec(type="max-score")
+
+
+class PrefixIndexConfig(_Strict):
+    block_tokens: int = Field(64, ge=1)  # index block; a multiple of the engine's saves memory
+    default_capacity_tokens: int = Field(400_000, ge=1)  # until cache_config_info is scraped
+
+
+class SchedulingConfig(_Strict):
+    profile: str = "default"
+    profiles: dict[str, ProfileConfig] = Field(default_factory=dict)  # added to / overriding built-ins
+    prefix_index: PrefixIndexConfig = PrefixIndexConfig()
+    session_header: str = "x-session-id"
+    seed: int | None = None  # tie-breaking randomness; None = from the OS
+
+
+class TenantLimits(_Strict):
+    rpm: int | None = Field(None, ge=1)
+    tpm: int | None = Field(None, ge=1)
+    rpm_burst: int | None = Field(None, ge=1)
+    tpm_burst: int | None = Field(None, ge=1)
+    max_concurrency: int | None = Field(None, ge=1)
+    max_output_tokens: int = Field(4096, ge=1)  # default output cap when max_tokens is absent
+
+
+class TenantConfig(_Strict):
+    name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.-]+$")
+    api_keys: tuple[str, ...] = ()  # "sha256:<64 hex>"; `kvgate hash-key` prints one
+    limits: TenantLimits = TenantLimits()
+    priority: Literal["critical", "standard", "sheddable"] = "standard"
+    weight: float = Field(1.0, gt=0)
+    models: tuple[str, ...] | None = None  # allow-list; "base:*" means any adapter of base
+
+    @field_validator("api_keys")
+    @classmethod
+    def _hashed(cls, keys: tuple[str, ...]) -> tuple[str, ...]:
+        for k in keys:
+            hexpart = k.removeprefix("sha256:")
+            if not k.startswith("sha256:") or len(hexpart) != 64 or any(
+                c not in "0123456789abcdef" for c in hexpart
+            ):
+                raise ValueError("api keys are stored hashed: 'sha256:' + 64 lowercase hex digits")
+        return keys
+
+
+class AuthConfig(_Strict):
+    anonymous_tenant: str | None = None  # requests without a key run as this tenant
+    admin_keys: tuple[str, ...] = ()  # hashed like tenant keys; guards /admin/...
+
+
+class StateConfig(_Strict):
+    store: str = "memory://"  # or redis://host:port/db
+    on_store_error: Literal["open", "closed"] = "open"
+    timeout_s: float = Field(0.05, gt=0)
+    key_prefix: str = "kvgate:"
+    gateways: int = Field(1, ge=1)  # fail-open share: each gateway gets 1/gateways of a limit
+
+    @field_validator("store")
+    @classmethod
+    def _scheme(cls, v: str) -> str:
+        if not (v == "memory://" or v.startswith("redis://") or v.startswith("rediss://")):
+            raise ValueError("must be 'memory://' or a redis:// URL")
+        return v
+
+
+class BandConfig(_Strict):
+    max_wait_s: float = Field(ge=0)
+
+
+def _default_bands() -> dict[str, BandConfig]:
+    return {
+        "critical": BandConfig(max_wait_s=30.0),
+        "standard": BandConfig(max_wait_s=10.0),
+        "sheddable": BandConfig(max_wait_s=0.0),
+    }
+
+
+class SaturationConfig(_Strict):
+    max_waiting_per_replica: int = Field(4, ge=0)
+    max_kv_usage: float = Field(0.9, gt=0, le=1)
+    max_in_flight_per_replica: int = Field(128, ge=1)
+
+
+class FlowControlConfig(_Strict):
+    enabled: bool = True
+    saturation: SaturationConfig = SaturationConfig()
+    bands: dict[Literal["critical", "standard", "sheddable"], BandConfig] = Field(
+        default_factory=_default_bands
+    )
+    max_queue: int = Field(2048, ge=0)
+    max_queue_per_tenant: int = Field(512, ge=0)
+    pass_priority: bool = False  # send the band as vLLM's integer `priority`
+    retry_after_fallback_s: int = Field(5, ge=1)
+
+
+class Config(_Strict):
+    server: ServerConfig = ServerConfig()
+    models: tuple[ModelConfig, ...] = ()
+    replicas: tuple[ReplicaConfig, ...] = ()
+    simulator: SimulatorConfig = SimulatorConfig()
+    fleet: FleetConfig = FleetConfig()
+    upstream: UpstreamConfig = UpstreamConfig()
+    scheduling: SchedulingConfig = SchedulingConfig()
+    tenants: tuple[TenantConfig, ...] = ()
+    auth: AuthConfig = AuthConfig()
+    state: StateConfig = StateConfig()
+    flow_control: FlowControlConfig = FlowControlConfig()
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Config:
+        names = [r.display_name for r in self.replicas]
+        dup = {n for n in names if names.count(n) > 1}
+        if dup:
+            raise ValueError(f"replicas: duplicate replica names {sorted(dup)}")
+        tenants = [t.name for t in self.tenants]
+        dup = {n for n in tenants if tenants.count(n) > 1}
+        if dup:
+            raise ValueError(f"tenants: duplicate tenant names {sorted(dup)}")
+        keys = [k for t in self.tenants for k in t.api_keys]
+        if len(keys) != len(set(keys)):
+            raise ValueError("tenants: the same api key is given to more than one tenant")
+        anon = self.auth.anonymous_tenant
+        if anon is not None and anon not in tenants:
+            raise ValueError(f"auth.anonymous_tenant: no tenant named {anon!r}")
+        return self
+
+    def model_settings(self, name: str) -> ModelConfig:
+        for m in self.models:
+            if m.name == name:
+                return m
+        return ModelConfig(name=name)
+
+
+def _format_errors(err: ValidationError) -> str:
+    lines = []
+    for e in err.errors():
+        path = ".".join(str(p) for p in e["loc"]) or "(top level)"
+        msg = e["msg"].removeprefix("Value error, ")
+        if e["type"] == "extra_forbidden":
+            msg = "unknown key"
+        lines.append(f"{path}: {msg}")
+    return "\n".join(lines)
+
+
+def parse_config(data: Any) -> Config:
+    """Validate already-loaded YAML data (None = empty file)."""
+    try:
+        return Config.model_validate(data or {})
+    except ValidationError as err:
+        raise ConfigError(_format_errors(err)) from None
+
+
+def load_config(path: str | Path) -> Config:
+    """Read and validate a YAML config file; raises ConfigError with every problem found."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except OSError as err:
+        raise ConfigError(f"{p}: cannot read: {err.strerror}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{p}: not valid YAML: {err}") from None
+    if data is not None and not isinstance(data, dict):
+        raise ConfigError(f"{p}: the top level must be a mapping")
+    return parse_config(data)
