@@ -171,7 +171,10 @@ class BandConfig(_Strict):
     max_wait_s: float = Field(ge=0)
 
 
-def _default_bands() -> dict[str, BandConfig]:
+BandName = Literal["critical", "standard", "sheddable"]
+
+
+def _default_bands() -> dict[BandName, BandConfig]:
     return {
         "critical": BandConfig(max_wait_s=30.0),
         "standard": BandConfig(max_wait_s=10.0),
@@ -188,7 +191,7 @@ class SaturationConfig(_Strict):
 class FlowControlConfig(_Strict):
     enabled: bool = True
     saturation: SaturationConfig = SaturationConfig()
-    bands: dict[Literal["critical", "standard", "sheddable"], BandConfig] = Field(
+    bands: dict[BandName, BandConfig] = Field(
         default_factory=_default_bands
     )
     max_queue: int = Field(2048, ge=0)
