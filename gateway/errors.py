@@ -1,0 +1,71 @@
+"""kvgate's own errors, in OpenAI's shape.
+
+`{"error": {"message", "type", "param", "code"}}` — the shape vLLM and OpenAI clients expect. Replica
+errors are never rewritten: they pass through with their own status and body; only errors kvgate
+decides (bad input, auth, limits, overload, no replica) are built here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import orjson
+
+_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    413: "invalid_request_error",
+    429: "rate_limit_error",
+    500: "internal_error",
+    502: "upstream_error",
+    503: "overloaded_error",
+    504: "upstream_timeout",
+}
+
+
+@dataclass(frozen=True)
+class GatewayError(Exception):
+    """An error kvgate answers itself. `headers` are extra response headers (e.g. Retry-After)."""
+
+    status: int
+    message: str
+    param: str | None = None
+    code: str | int | None = None
+    type: str | None = None
+    headers: tuple[tuple[bytes, bytes], ...] = field(default=())
+
+    def __str__(self) -> str:
+        return f"{self.status}: {self.message}"
+
+    def body(self) -> bytes:
+        return error_body(self.status, self.message, self.param, self.code, self.type)
+
+    def sse_event(self) -> bytes:
+        """The same error as one SSE event, for a stream that has already started."""
+        return b"data: " + self.body() + b"\n\n"
+
+
+def error_body(
+    status: int,
+    message: str,
+    param: str | None = None,
+    code: str | int | None = None,
+    type_: str | None = None,
+) -> bytes:
+    return orjson.dumps(
+        {
+            "error": {
+                "message": message,
+                "type": type_ or _TYPES.get(status, "error"),
+                "param": param,
+                "code": code if code is not None else status,
+            }
+        }
+    )
+
+
+def bad_request(message: str, param: str | None = None) -> GatewayError:
+    return GatewayError(400, message, param=param)
