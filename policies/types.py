@@ -60,7 +60,8 @@ class ReplicaState:
     max_loras: int = 0
     adapters: frozenset[str] = frozenset()
     active_adapters: frozenset[str] = frozenset()
-    labels: Mapping[str, str] = field(default=_EMPTY)
+    # A factory, not `default=`: Python 3.11 refuses an unhashable default (mappingproxy) outright.
+    labels: Mapping[str, str] = field(default_factory=lambda: _EMPTY)
 
     @property
     def kv_capacity_tokens(self) -> int:
