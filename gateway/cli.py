@@ -13,6 +13,10 @@ from collections.abc import Sequence
 
 # name -> (module, help). Each module exposes `add_arguments(parser)` and `run(args) -> int`.
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
+    "up": ("gateway.commands.up", "run a simulated fleet with kvgate in front of it (the embedded default)"),
+    "serve": ("gateway.commands.serve", "run kvgate in front of the replicas in a config file"),
+    "check-config": ("gateway.commands.check_config", "validate a config file"),
+    "hash-key": ("gateway.commands.hash_key", "print the hashed form of an API key for the config"),
     "sim": ("simulator.cli", "serve a simulated vLLM fleet"),
 }
 

@@ -88,6 +88,7 @@ class UpstreamConfig(_Strict):
     connect_timeout_s: float = Field(1.0, gt=0)
     first_byte_timeout_s: float = Field(60.0, gt=0)  # covers replica queueing and prefill
     chunk_timeout_s: float = Field(30.0, gt=0)  # between two chunks of a stream
+    response_timeout_s: float = Field(600.0, gt=0)  # non-streaming: until the whole answer
     max_retries: int = Field(2, ge=0, le=10)  # extra replicas tried before the first byte
     connections_per_replica: int = Field(1024, ge=1)
 
@@ -140,8 +141,10 @@ class TenantConfig(_Strict):
     def _hashed(cls, keys: tuple[str, ...]) -> tuple[str, ...]:
         for k in keys:
             hexpart = k.removeprefix("sha256:")
-            if not k.startswith("sha256:") or len(hexpart) != 64 or any(
-                c not in "0123456789abcdef" for c in hexpart
+            if (
+                not k.startswith("sha256:")
+                or len(hexpart) != 64
+                or any(c not in "0123456789abcdef" for c in hexpart)
             ):
                 raise ValueError("api keys are stored hashed: 'sha256:' + 64 lowercase hex digits")
         return keys
@@ -191,9 +194,7 @@ class SaturationConfig(_Strict):
 class FlowControlConfig(_Strict):
     enabled: bool = True
     saturation: SaturationConfig = SaturationConfig()
-    bands: dict[BandName, BandConfig] = Field(
-        default_factory=_default_bands
-    )
+    bands: dict[BandName, BandConfig] = Field(default_factory=_default_bands)
     max_queue: int = Field(2048, ge=0)
     max_queue_per_tenant: int = Field(512, ge=0)
     pass_priority: bool = False  # send the band as vLLM's integer `priority`

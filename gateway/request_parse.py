@@ -86,9 +86,7 @@ def _check_prompt(prompt: Any) -> None:
             for p in prompt
         ):
             return
-    raise bad_request(
-        "'prompt' must be a string, a list of strings, or a list of token ids", "prompt"
-    )
+    raise bad_request("'prompt' must be a string, a list of strings, or a list of token ids", "prompt")
 
 
 def parse_request(raw: bytes, endpoint: Endpoint) -> ParsedRequest:

@@ -1,0 +1,33 @@
+"""`kvgate serve --config FILE [--host H] [--port P]`: run the gateway in front of configured replicas."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", required=True, help="YAML config file")
+    p.add_argument("--host", default=None, help="listen address (default: server.host from config)")
+    p.add_argument("--port", type=int, default=None, help="listen port (default: server.port from config)")
+
+
+def run(args: argparse.Namespace) -> int:
+    from gateway.config import ConfigError, load_config
+    from gateway.server import serve_forever
+
+    try:
+        config = load_config(args.config)
+    except ConfigError as err:
+        print(f"kvgate: invalid config {args.config}:\n{err}", file=sys.stderr)
+        return 2
+    if not config.replicas:
+        print(
+            "kvgate serve: the config names no replicas (use `kvgate up` for a simulated fleet)",
+            file=sys.stderr,
+        )
+        return 2
+    serve_forever(
+        config, args.host or config.server.host, args.port if args.port is not None else config.server.port
+    )
+    return 0

@@ -1,0 +1,84 @@
+"""`kvgate up`: the embedded default — a simulated vLLM fleet and kvgate in front of it, in one command.
+
+The fleet runs as a child process (`kvgate sim`) so the simulator and the gateway each get their own
+core; kvgate runs here with in-memory state. Ctrl-C stops both.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--config", default=None, help="YAML config (without replicas: the simulated fleet is used)"
+    )
+    p.add_argument("--host", default=None, help="listen address (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=None, help="listen port (default 8080)")
+    p.add_argument("--replicas", type=int, default=None, help="simulated replicas (default 4)")
+    p.add_argument("--profile", default=None, help="simulator model/GPU profile (default llama-3-8b-h100)")
+    p.add_argument("--time-scale", type=float, default=None, help="simulator time scale (>1 is slower)")
+
+
+def run(args: argparse.Namespace) -> int:
+    from gateway.config import ConfigError, load_config, parse_config
+    from gateway.config_check import check_semantics
+    from gateway.embedded_fleet import EmbeddedFleet, FleetStartError, with_simulated_replicas
+    from gateway.server import serve_forever
+
+    try:
+        config = load_config(args.config) if args.config else parse_config({})
+        check_semantics(config)
+    except ConfigError as err:
+        print(f"kvgate: invalid config {args.config}:\n{err}", file=sys.stderr)
+        return 2
+    sim = config.simulator.model_copy(
+        update={
+            k: v
+            for k, v in {
+                "replicas": args.replicas,
+                "profile": args.profile,
+                "time_scale": args.time_scale,
+            }.items()
+            if v is not None
+        }
+    )
+    host = args.host or config.server.host
+    port = args.port if args.port is not None else config.server.port
+    fleet: EmbeddedFleet | None = None
+    try:
+        if not config.replicas:
+            fleet = EmbeddedFleet(sim)
+            try:
+                urls = fleet.start()
+            except FleetStartError as err:
+                print(f"kvgate up: the simulated fleet did not start: {err}", file=sys.stderr)
+                return 1
+            config = with_simulated_replicas(config, sim, urls)
+            print(f"simulated fleet: {len(urls)} x {sim.profile} (time scale {sim.time_scale})")
+            for u in urls:
+                print(f"  {u}")
+        model = config.replicas[0].model
+        print(banner(f"http://{host}:{port}", model), flush=True)
+        serve_forever(config, host, port)
+    finally:
+        if fleet is not None:
+            fleet.stop()
+    return 0
+
+
+def banner(url: str, model: str) -> str:
+    return f"""
+kvgate is listening on {url}
+
+  curl {url}/v1/chat/completions -H 'content-type: application/json' \\
+    -d '{{"model": "{model}", "messages": [{{"role": "user", "content": "Hello!"}}], "stream": true}}'
+
+  from openai import OpenAI
+  client = OpenAI(base_url="{url}/v1", api_key="none")
+  print(client.chat.completions.create(model="{model}",
+        messages=[{{"role": "user", "content": "Hello!"}}]).choices[0].message.content)
+
+  metrics: {url}/metrics    readiness: {url}/ready    Ctrl-C stops everything.
+"""

@@ -1,0 +1,258 @@
+"""Send one request to the best replica, fail over before the first byte, relay the answer untouched.
+
+Failover happens on a connect error, a timeout before the first byte, a 502/503 from the replica, or
+(non-streaming) a connection that breaks before the whole answer arrived — always before anything has
+gone to the client. Once the first byte is out, a broken stream ends with an SSE error event and
+`data: [DONE]`, never a hang. Other replica statuses and error bodies pass through unchanged.
+
+Closing the upstream response is how a request is cancelled: vLLM aborts it and frees its KV blocks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable, MutableMapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+import orjson
+
+from gateway.errors import GatewayError
+from gateway.metrics import GatewayMetrics
+from gateway.sse_filter import SseFilter, Usage, usage_from
+from policies.types import ReplicaState
+
+Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
+
+_SSE_HEADERS = (
+    (b"content-type", b"text/event-stream; charset=utf-8"),
+    (b"cache-control", b"no-cache"),
+    (b"x-accel-buffering", b"no"),
+)
+_DONE = b"data: [DONE]\n\n"
+_RETRY_STATUSES = frozenset({502, 503})
+_CONNECT_ERRORS = (
+    aiohttp.ClientConnectorError,
+    aiohttp.ServerDisconnectedError,
+    aiohttp.ClientOSError,
+    ConnectionError,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Timeouts:
+    connect_s: float
+    first_byte_s: float  # streaming: until the first chunk; covers replica queueing and prefill
+    chunk_s: float  # streaming: between two chunks
+    response_s: float  # non-streaming: until the whole answer
+
+
+@dataclass(slots=True)
+class Outcome:
+    """What happened to one request on its way through the forwarder."""
+
+    status: int = 0  # status sent to the client (0 = nothing sent)
+    replica: str | None = None
+    usage: Usage | None = None
+    events: int = 0  # SSE events relayed
+    first_byte_at: float | None = None  # perf_counter when the first byte went to the client
+    ended_at: float | None = None
+    error_kind: str | None = None  # connect, timeout, status_5xx, stream_broken, ...
+    attempts: int = 0
+    chunk_times: list[float] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class Dispatch:
+    """One request ready to go: body bytes, ranked replicas, and hooks into fleet accounting."""
+
+    path: str
+    body: bytes
+    ranked: Sequence[ReplicaState]
+    stream: bool
+    strip_usage: bool
+    response_headers: list[tuple[bytes, bytes]]
+    on_attempt: Callable[[ReplicaState], None]  # called before each try (in-flight +1, index record)
+    on_attempt_end: Callable[[ReplicaState], None]  # after each try, whatever happened
+
+
+class Forwarder:
+    """Owns nothing but a shared aiohttp session; safe for concurrent use from one event loop."""
+
+    def __init__(
+        self,
+        session: aiohttp.ClientSession,
+        timeouts: Timeouts,
+        max_retries: int,
+        metrics: GatewayMetrics,
+        report_failure: Callable[[str, str], None],
+    ) -> None:
+        self._session = session
+        self._t = timeouts
+        self._max_retries = max_retries
+        self._metrics = metrics
+        self._report_failure = report_failure
+        self._stream_timeout = aiohttp.ClientTimeout(
+            total=None, sock_connect=timeouts.connect_s, sock_read=None
+        )
+        self._unary_timeout = aiohttp.ClientTimeout(
+            total=None, sock_connect=timeouts.connect_s, sock_read=timeouts.response_s
+        )
+
+    async def forward(self, d: Dispatch, send: Send) -> Outcome:
+        out = Outcome()
+        candidates = list(d.ranked[: 1 + self._max_retries])
+        if not candidates:
+            raise GatewayError(503, "no replica can serve this request right now")
+        last_error: GatewayError | None = None
+        for i, replica in enumerate(candidates):
+            last = i == len(candidates) - 1
+            out.attempts = i + 1
+            out.replica = replica.name
+            d.on_attempt(replica)
+            try:
+                done = await self._try_one(d, replica, send, out, last)
+            finally:
+                d.on_attempt_end(replica)
+            if done:
+                return out
+            assert out.error_kind is not None
+            self._metrics.upstream_errors.labels(replica.name, out.error_kind).inc()
+            self._report_failure(replica.name, out.error_kind)
+            if not last:
+                self._metrics.retries.labels(out.error_kind).inc()
+            last_error = _final_error(out.error_kind)
+        assert last_error is not None
+        raise last_error
+
+    async def _try_one(
+        self, d: Dispatch, replica: ReplicaState, send: Send, out: Outcome, last: bool
+    ) -> bool:
+        """One attempt. True when the client got its answer (or an error it must see); False to retry."""
+        url = replica.url + d.path
+        loop = asyncio.get_running_loop()
+        timeout_s = self._t.first_byte_s if d.stream else self._t.response_s
+        resp: aiohttp.ClientResponse | None = None
+        try:
+            async with asyncio.timeout(timeout_s):
+                resp = await self._session.post(
+                    url,
+                    data=d.body,
+                    headers={"content-type": "application/json"},
+                    timeout=self._stream_timeout if d.stream else self._unary_timeout,
+                )
+                if resp.status in _RETRY_STATUSES and not last:
+                    resp.release()
+                    out.error_kind = "status_5xx"
+                    return False
+                if resp.status != 200 or not d.stream:
+                    body = await resp.read()
+                    await self._send_whole(d, replica, resp, body, send, out)
+                    return True
+                first = await resp.content.readany()
+        except TimeoutError:
+            if resp is not None:
+                resp.close()
+            out.error_kind = "timeout"
+            return False
+        except (*_CONNECT_ERRORS, aiohttp.ClientPayloadError):
+            if resp is not None:
+                resp.close()
+            out.error_kind = "connect" if resp is None else "broken"
+            return False
+        except BaseException:
+            if resp is not None:
+                resp.close()  # cancelled (client gone): closing aborts the request on the replica
+            raise
+        try:
+            await self._relay(d, replica, resp, first, send, out, loop)
+        finally:
+            resp.close()
+        return True
+
+    async def _send_whole(
+        self,
+        d: Dispatch,
+        replica: ReplicaState,
+        resp: aiohttp.ClientResponse,
+        body: bytes,
+        send: Send,
+        out: Outcome,
+    ) -> None:
+        if resp.status == 200:
+            try:
+                out.usage = usage_from(orjson.loads(body))
+            except orjson.JSONDecodeError:
+                out.usage = None
+        headers = [
+            (b"content-type", resp.headers.get("content-type", "application/json").encode("latin-1")),
+            (b"x-kvgate-replica", replica.name.encode()),
+            *d.response_headers,
+        ]
+        await send({"type": "http.response.start", "status": resp.status, "headers": headers})
+        out.status = resp.status
+        out.first_byte_at = time.perf_counter()
+        await send({"type": "http.response.body", "body": body, "more_body": False})
+        out.ended_at = time.perf_counter()
+
+    async def _relay(
+        self,
+        d: Dispatch,
+        replica: ReplicaState,
+        resp: aiohttp.ClientResponse,
+        first: bytes,
+        send: Send,
+        out: Outcome,
+        loop: asyncio.AbstractEventLoop,
+    ) -> None:
+        headers = [*_SSE_HEADERS, (b"x-kvgate-replica", replica.name.encode()), *d.response_headers]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        out.status = 200
+        filt = SseFilter(strip_usage=d.strip_usage)
+        times = out.chunk_times
+        chunk = filt.feed(first)
+        now = time.perf_counter()
+        out.first_byte_at = now
+        times.append(now)
+        content = resp.content
+        try:
+            async with asyncio.timeout(None) as tm:
+                if chunk:
+                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                while True:
+                    tm.reschedule(loop.time() + self._t.chunk_s)
+                    data = await content.readany()
+                    if not data:
+                        break
+                    times.append(time.perf_counter())
+                    chunk = filt.feed(data)
+                    if chunk:
+                        await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        except TimeoutError:
+            out.error_kind = "stream_timeout"
+        except (aiohttp.ClientPayloadError, *_CONNECT_ERRORS):
+            out.error_kind = "stream_broken"
+        rest = filt.flush()
+        out.usage = filt.usage
+        out.events = filt.events
+        if out.error_kind is None and filt.done:
+            await send({"type": "http.response.body", "body": rest, "more_body": False})
+        else:
+            if out.error_kind is None:
+                out.error_kind = "stream_broken"  # the replica closed cleanly but without [DONE]
+            self._metrics.upstream_errors.labels(replica.name, out.error_kind).inc()
+            self._report_failure(replica.name, out.error_kind)
+            err = GatewayError(502, f"the replica stopped answering mid-stream ({out.error_kind})")
+            # A partial event left in `rest` is dropped: the client could not parse it anyway.
+            await send({"type": "http.response.body", "body": err.sse_event() + _DONE, "more_body": False})
+        out.ended_at = time.perf_counter()
+
+
+def _final_error(kind: str) -> GatewayError:
+    if kind == "timeout":
+        return GatewayError(504, "no replica answered in time")
+    if kind == "status_5xx":
+        return GatewayError(503, "every replica tried was unavailable")
+    return GatewayError(502, f"could not reach a replica ({kind})")

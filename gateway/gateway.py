@@ -1,0 +1,132 @@
+"""The one Gateway object: everything a request needs, built once, started and stopped together.
+
+Built by the app's lifespan (or by tests and `kvgate up` directly) and passed down explicitly; there
+are no module-level singletons. One Gateway per process: its prefix index, in-flight counts and queues
+are one picture of the fleet, which several workers in one process group would split.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable, Iterable
+
+import aiohttp
+import httpx
+from prometheus_client.core import Metric
+
+from gateway.config import Config
+from gateway.fleet.scraper import FleetScraper
+from gateway.fleet.state import FleetChange, FleetState
+from gateway.forwarder import Forwarder, Timeouts
+from gateway.metrics import GatewayMetrics, gauge_family
+from gateway.routing import Router
+from gateway.tenancy import Tenancy
+from policies.prefix_index import capacity_blocks
+
+
+class Gateway:
+    def __init__(
+        self,
+        config: Config,
+        clock: Callable[[], float] = time.monotonic,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.config = config
+        self.clock = clock
+        self.rng = rng or random.Random(config.scheduling.seed)
+        self.metrics = GatewayMetrics()
+        self.fleet = FleetState(config.replicas, config.fleet, clock)
+        self.router = Router(config, self.rng)
+        self.tenancy = Tenancy(config)
+        self.session_header = config.scheduling.session_header.lower().encode("latin-1")
+        self.fleet.add_listener(self._on_fleet_change)
+        self.metrics.add_callback(self._collect_fleet_gauges)
+        self._session: aiohttp.ClientSession | None = None
+        self._http: httpx.AsyncClient | None = None
+        self._scraper: FleetScraper | None = None
+        self._forwarder: Forwarder | None = None
+
+    @property
+    def forwarder(self) -> Forwarder:
+        assert self._forwarder is not None, "Gateway.start() has not run"
+        return self._forwarder
+
+    async def start(self) -> None:
+        up = self.config.upstream
+        connector = aiohttp.TCPConnector(
+            limit=0,  # per-replica limits only: one slow replica must not starve the rest
+            limit_per_host=up.connections_per_replica,
+            keepalive_timeout=30,
+            enable_cleanup_closed=True,
+        )
+        self._session = aiohttp.ClientSession(
+            connector=connector, auto_decompress=False, skip_auto_headers=("User-Agent",)
+        )
+        self._forwarder = Forwarder(
+            self._session,
+            Timeouts(
+                connect_s=up.connect_timeout_s,
+                first_byte_s=up.first_byte_timeout_s,
+                chunk_s=up.chunk_timeout_s,
+                response_s=up.response_timeout_s,
+            ),
+            up.max_retries,
+            self.metrics,
+            self.fleet.report_failure,
+        )
+        n = max(1, len(self.config.replicas))
+        self._http = httpx.AsyncClient(
+            limits=httpx.Limits(max_connections=4 * n, max_keepalive_connections=2 * n),
+            trust_env=False,
+        )
+        self._scraper = FleetScraper(self.fleet, self.config.fleet, self._http, rng=self.rng)
+        await self._scraper.start()
+        await self.tenancy.start()
+
+    async def stop(self) -> None:
+        await self.tenancy.stop()
+        if self._scraper is not None:
+            await self._scraper.stop()
+        if self._http is not None:
+            await self._http.aclose()
+        if self._session is not None:
+            await self._session.close()
+
+    def ready(self) -> bool:
+        """At least one replica is healthy and has been scraped."""
+        return any(r.healthy and r.scraped_at is not None for r in self.fleet.snapshot().replicas)
+
+    def _on_fleet_change(self, replica: str, change: FleetChange) -> None:
+        if FleetChange.CAPACITY in change:
+            state = self.fleet.snapshot().by_name(replica)
+            if state is not None and state.num_gpu_blocks > 0:
+                self.router.index.set_capacity(
+                    replica,
+                    capacity_blocks(state.num_gpu_blocks, state.block_size, self.router.index_block_tokens),
+                )
+        self.tenancy.on_fleet_change(replica, change)
+
+    def _collect_fleet_gauges(self) -> Iterable[Metric]:
+        ages = []
+        for r in self.fleet.replicas:
+            age = self.fleet.scrape_age_s(r.display_name)
+            ages.append((r.display_name, -1.0 if age is None else age))
+        yield gauge_family(
+            "kvgate_replica_scrape_age_seconds",
+            "Seconds since the replica's last good /metrics scrape (-1 = never).",
+            "replica",
+            ages,
+        )
+        yield gauge_family(
+            "kvgate_replica_healthy",
+            "1 when the replica is in rotation, 0 while ejected.",
+            "replica",
+            [(r.name, 1.0 if r.healthy else 0.0) for r in self.fleet.snapshot().replicas],
+        )
+        yield gauge_family(
+            "kvgate_prefix_index_keys",
+            "Block keys the prefix index holds for the replica.",
+            "replica",
+            self.router.index.replica_sizes().items(),
+        )

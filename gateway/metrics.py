@@ -1,0 +1,112 @@
+"""kvgate's own Prometheus metrics (`kvgate_` prefix), on a registry owned by one Gateway.
+
+Label values come from config (model pools, replica and tenant names) or from small fixed sets
+(status classes, error kinds); a model name a client invents is recorded as "unknown", so clients
+cannot blow up the series count.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+LATENCY_BUCKETS = (
+    0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75,
+    1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0,
+)  # fmt: skip
+ITL_BUCKETS = (
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75,
+    1.0, 2.5, 5.0, 10.0,
+)  # fmt: skip
+DECISION_BUCKETS = (1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 1e-2, 0.1)
+RATIO_BUCKETS = (0.0, 0.1, 0.25, 0.5, 0.75, 0.9, 0.99, 1.0)
+
+
+class _CallbackCollector(Collector):
+    """Gauges computed at scrape time (scrape ages, index size) instead of on every change."""
+
+    def __init__(self, produce: Callable[[], Iterable[Metric]]) -> None:
+        self._produce = produce
+
+    def collect(self) -> Iterable[Metric]:
+        return self._produce()
+
+
+class GatewayMetrics:
+    def __init__(self) -> None:
+        r = self.registry = CollectorRegistry(auto_describe=True)
+        self.requests = Counter(
+            "kvgate_requests", "Requests answered, by model and HTTP status.", ["model", "status"], registry=r
+        )
+        self.ttft = Histogram(
+            "kvgate_time_to_first_token_seconds",
+            "Gateway-measured time from request arrival to the first byte of the answer "
+            "(includes queueing at the gateway).",
+            ["model"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.itl = Histogram(
+            "kvgate_inter_chunk_latency_seconds",
+            "Gap between two relayed stream chunks.",
+            ["model"],
+            buckets=ITL_BUCKETS,
+            registry=r,
+        )
+        self.e2e = Histogram(
+            "kvgate_request_duration_seconds",
+            "Request arrival to the last byte of the answer.",
+            ["model"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.tokens = Counter(
+            "kvgate_tokens",
+            "Tokens by model, tenant and kind (prompt, completion, cached), from the replicas' usage.",
+            ["model", "tenant", "kind"],
+            registry=r,
+        )
+        self.decisions = Counter(
+            "kvgate_routing_decisions", "Requests dispatched, by replica.", ["replica"], registry=r
+        )
+        self.decision_seconds = Histogram(
+            "kvgate_scheduling_decision_seconds",
+            "Time to pick a replica: prefix match, filters, scorers and picker.",
+            buckets=DECISION_BUCKETS,
+            registry=r,
+        )
+        self.prefix_match = Histogram(
+            "kvgate_prefix_match_ratio",
+            "Share of the prompt's leading index blocks the chosen replica was believed to hold.",
+            buckets=RATIO_BUCKETS,
+            registry=r,
+        )
+        self.retries = Counter(
+            "kvgate_retries", "Requests retried on another replica, by reason.", ["reason"], registry=r
+        )
+        self.upstream_errors = Counter(
+            "kvgate_upstream_errors",
+            "Upstream failures by replica and kind (connect, timeout, status_5xx, stream_broken).",
+            ["replica", "kind"],
+            registry=r,
+        )
+        self.client_disconnects = Counter(
+            "kvgate_client_disconnects", "Clients that went away before the answer ended.", registry=r
+        )
+        self.in_flight = Gauge("kvgate_requests_in_flight", "Requests being answered right now.", registry=r)
+
+    def add_callback(self, produce: Callable[[], Iterable[Metric]]) -> None:
+        self.registry.register(_CallbackCollector(produce))
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+def gauge_family(name: str, doc: str, label: str, values: Iterable[tuple[str, float]]) -> Metric:
+    fam = GaugeMetricFamily(name, doc, labels=[label])
+    for key, value in values:
+        fam.add_metric([key], value)
+    return fam

@@ -1,0 +1,229 @@
+"""The two proxy endpoints, `/v1/chat/completions` and `/v1/completions`, as raw ASGI apps.
+
+One request: read the body (413), authenticate (401), parse (400), resolve the model (404) and the
+tenant's allow-list (403), reserve rate limits (429), pass flow control (queue, or 503 with
+Retry-After), pick a replica, forward and relay, then settle the tenant's tokens against the real
+usage and record metrics — whatever happened, including the client hanging up mid-way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import MutableMapping
+from typing import TYPE_CHECKING, Any
+
+import orjson
+
+from gateway.asgi_io import (
+    ClientGone,
+    DisconnectWatch,
+    Receive,
+    Scope,
+    Send,
+    header,
+    read_body,
+    send_error,
+)
+from gateway.errors import GatewayError
+from gateway.forwarder import Dispatch, Outcome
+from gateway.request_parse import Endpoint, ParsedRequest, parse_request, unknown_model
+from gateway.sse_filter import Usage
+from policies.types import ReplicaState, RequestInfo
+
+if TYPE_CHECKING:
+    from gateway.gateway import Gateway
+    from gateway.tenancy import Admitted
+
+_NO_REPLICA = GatewayError(503, "no replica can serve this model right now", code="no_replica")
+
+
+class ProxyEndpoint:
+    """ASGI app for one OpenAI endpoint. Holds only references; all state lives in the Gateway."""
+
+    def __init__(self, gateway: Gateway, endpoint: Endpoint, path: str) -> None:
+        self.gw = gateway
+        self.endpoint: Endpoint = endpoint
+        self.path = path
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["method"] != "POST":
+            await send_error(send, GatewayError(405, f"use POST for {self.path}"))
+            return
+        gw = self.gw
+        t0 = time.perf_counter()
+        model_label = "unknown"
+        status = 0
+        outcome: Outcome | None = None
+        admitted: Admitted | None = None
+        extra_headers: list[tuple[bytes, bytes]] = []
+        watch: DisconnectWatch | None = None
+        task = asyncio.current_task()
+        assert task is not None
+        gw.metrics.in_flight.inc()
+        try:
+            raw = await read_body(scope, receive, gw.config.server.max_body_bytes)
+            tenant = gw.tenancy.authenticate(header(scope, b"authorization"))
+            req = parse_request(raw, self.endpoint)
+            resolved = gw.fleet.pool_of(req.model)
+            if resolved is None:
+                fm = gw.fleet.models()
+                raise unknown_model(req.model, [*fm.base_models, *fm.adapters])
+            base, adapter = resolved
+            model_label = base
+            gw.tenancy.check_model(tenant, req.model)
+            info = self._request_info(req, base, adapter, tenant.name, scope)
+            watch = DisconnectWatch(receive, task)
+            admitted = await gw.tenancy.admit(tenant, info, header(scope, b"x-kvgate-priority"))
+            info = admitted.info
+            extra_headers = admitted.headers
+            outcome = await self._route_and_forward(req, raw, info, admitted, send, watch)
+            status = outcome.status
+        except GatewayError as err:
+            status = err.status
+            if outcome is None or outcome.status == 0:
+                await send_error(send, err, extra_headers)
+        except ClientGone:
+            status = 499
+        except asyncio.CancelledError:
+            if watch is None or not watch.gone:
+                raise
+            task.uncancel()
+            status = 499
+            gw.metrics.client_disconnects.inc()
+        finally:
+            if watch is not None:
+                watch.close()
+            gw.metrics.in_flight.dec()
+        await self._account(model_label, status, t0, outcome, admitted)
+
+    def _request_info(
+        self, req: ParsedRequest, base: str, adapter: str | None, tenant: str, scope: Scope
+    ) -> RequestInfo:
+        gw = self.gw
+        facts = gw.router.prompt_facts(self.endpoint, req.body, base, adapter)
+        max_tokens = req.max_tokens if req.max_tokens is not None else gw.tenancy.default_max_tokens(tenant)
+        session = header(scope, gw.session_header)
+        return RequestInfo(
+            model=req.model,
+            base_model=base,
+            adapter=adapter,
+            prompt_tokens=facts.prompt_tokens,
+            max_tokens=max_tokens * req.n,
+            stream=req.stream,
+            tenant=tenant,
+            session_id=session.decode("latin-1") if session else None,
+            prefix_keys=facts.prefix_keys,
+            prompt_tokens_exact=facts.exact,
+        )
+
+    async def _route_and_forward(
+        self,
+        req: ParsedRequest,
+        raw: bytes,
+        info: RequestInfo,
+        admitted: Admitted,
+        send: Send,
+        watch: DisconnectWatch,
+    ) -> Outcome:
+        gw = self.gw
+        t = time.perf_counter()
+        routed = gw.router.decide(info, gw.fleet.snapshot(), gw.clock())
+        gw.metrics.decision_seconds.observe(time.perf_counter() - t)
+        decision = routed.decision
+        if not decision.ranked:
+            raise _NO_REPLICA
+        winner = decision.ranked[0].name
+        if info.prefix_keys:
+            gw.metrics.prefix_match.observe(routed.match.get(winner, 0) / len(info.prefix_keys))
+        headers = list(admitted.headers)
+        if gw.config.server.debug_headers:
+            headers.append((b"x-kvgate-route", route_header(decision, winner)))
+
+        tokens = info.reserved_tokens
+
+        def on_attempt(r: ReplicaState) -> None:
+            gw.fleet.dispatched(r.name, tokens)
+            gw.router.dispatched(info, r.name)
+            gw.metrics.decisions.labels(r.name).inc()
+
+        def on_attempt_end(r: ReplicaState) -> None:
+            gw.fleet.finished(r.name, tokens)
+
+        async def guarded_send(msg: MutableMapping[str, Any]) -> None:
+            if msg["type"] == "http.response.body" and not msg.get("more_body", False):
+                watch.finish()
+            await send(msg)
+
+        dispatch = Dispatch(
+            path=self.path,
+            body=self._upstream_body(req, raw, admitted.vllm_priority),
+            ranked=decision.ranked,
+            stream=req.stream,
+            strip_usage=req.stream and not req.include_usage,
+            response_headers=headers,
+            on_attempt=on_attempt,
+            on_attempt_end=on_attempt_end,
+        )
+        return await gw.forwarder.forward(dispatch, guarded_send)
+
+    def _upstream_body(self, req: ParsedRequest, raw: bytes, vllm_priority: int | None) -> bytes:
+        """The body for the replica: untouched unless kvgate must ask for usage or set priority."""
+        body = req.body
+        changed = False
+        if req.stream and not req.include_usage:
+            opts = dict(body.get("stream_options") or {})
+            opts["include_usage"] = True
+            body = {**body, "stream_options": opts}
+            changed = True
+        if vllm_priority is not None or req.has_priority:
+            # A client never sets the engine priority itself: that would jump the fair queue.
+            body = {k: v for k, v in body.items() if k != "priority"}
+            if vllm_priority is not None:
+                body["priority"] = vllm_priority
+            changed = True
+        if not changed:
+            return raw
+        return orjson.dumps(body)
+
+    async def _account(
+        self,
+        model: str,
+        status: int,
+        t0: float,
+        outcome: Outcome | None,
+        admitted: Admitted | None,
+    ) -> None:
+        gw = self.gw
+        m = gw.metrics
+        m.requests.labels(model, str(status)).inc()
+        usage: Usage | None = None
+        if outcome is not None:
+            usage = outcome.usage
+            if outcome.first_byte_at is not None:
+                m.ttft.labels(model).observe(outcome.first_byte_at - t0)
+            times = outcome.chunk_times
+            if len(times) > 1:
+                itl = m.itl.labels(model)
+                prev = times[0]
+                for t in times[1:]:
+                    itl.observe(t - prev)
+                    prev = t
+            if outcome.ended_at is not None:
+                m.e2e.labels(model).observe(outcome.ended_at - t0)
+        if admitted is not None:
+            await gw.tenancy.settle(admitted, usage, outcome)
+            if usage is not None:
+                tenant = admitted.info.tenant
+                m.tokens.labels(model, tenant, "prompt").inc(usage.prompt_tokens)
+                m.tokens.labels(model, tenant, "completion").inc(usage.completion_tokens)
+                m.tokens.labels(model, tenant, "cached").inc(usage.cached_tokens)
+
+
+def route_header(decision: Any, replica: str) -> bytes:
+    scores = decision.scores.get(replica, {})
+    parts = [f"replica={replica}"] + [f"{k}={v:.3f}" for k, v in scores.items()]
+    total = decision.total.get(replica)
+    if total is not None:
+        parts.append(f"total={total:.3f}")
+    return ";".join(parts).encode()

@@ -1,0 +1,131 @@
+"""From a parsed request to a ranked list of replicas: prefix keys, index match, profile, record.
+
+The I/O-free work of `policies/` glued to the gateway's live state (fleet snapshot, prefix index,
+session map). Runs on the request path: everything that can be built once is built in `__init__`.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import OrderedDict
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from gateway.config import Config
+from gateway.tokenizers import Tokenizer, tokenizer_for
+from policies.prefix import byte_block_keys, seed_for, token_block_keys
+from policies.prefix_index import PrefixIndex
+from policies.prompt_text import canonical_chat_bytes, canonical_completion_bytes
+from policies.scheduling.builtin_profiles import BUILTIN_PROFILE_NAMES, builtin_profile_spec
+from policies.scheduling.context import SchedulingContext
+from policies.scheduling.profile import Decision, SchedulingProfile
+from policies.scheduling.registry import build_profile
+from policies.tenancy import estimate_tokens
+from policies.types import FleetSnapshot, RequestInfo
+
+SESSION_MAP_SIZE = 100_000
+
+
+@dataclass(frozen=True, slots=True)
+class PromptFacts:
+    """What the prompt tells the gateway: estimated size and prefix block keys."""
+
+    prompt_tokens: int
+    exact: bool
+    prefix_keys: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Routed:
+    decision: Decision
+    match: Mapping[str, int]  # leading index blocks each candidate was believed to hold
+
+
+def profile_specs(config: Config) -> dict[str, Mapping[str, Any]]:
+    """Built-in profiles, overridden or extended by the config's `scheduling.profiles`."""
+    specs: dict[str, Mapping[str, Any]] = {n: builtin_profile_spec(n) for n in BUILTIN_PROFILE_NAMES}
+    for name, p in config.scheduling.profiles.items():
+        specs[name] = p.model_dump(exclude_none=True)
+    return specs
+
+
+class Router:
+    """Owns the prefix index and the session map; one per Gateway, one event loop."""
+
+    def __init__(self, config: Config, rng: random.Random) -> None:
+        sched = config.scheduling
+        self._config = config
+        specs = profile_specs(config)
+        if sched.profile not in specs:
+            raise ValueError(f"scheduling.profile: no profile named {sched.profile!r}")
+        self.profiles: dict[str, SchedulingProfile] = {n: build_profile(s) for n, s in specs.items()}
+        self.profile = self.profiles[sched.profile]
+        self.profile_name = sched.profile
+        self.index_block_tokens = sched.prefix_index.block_tokens
+        self.index = PrefixIndex(
+            default_capacity=max(1, sched.prefix_index.default_capacity_tokens // self.index_block_tokens)
+        )
+        self._rng = rng
+        self._sessions: OrderedDict[str, str] = OrderedDict()
+        self._sequence = 0
+        self._stale_after = config.fleet.stale_after_s
+        self._tokenizers: dict[str, Tokenizer | None] = {
+            m.name: tokenizer_for(m.tokenizer) for m in config.models
+        }
+
+    def use_profile(self, name: str) -> None:
+        """Switch the active profile (benchmarks compare policies on one running gateway)."""
+        self.profile = self.profiles[name]
+        self.profile_name = name
+
+    def prompt_facts(
+        self, endpoint: str, body: Mapping[str, Any], base: str, adapter: str | None
+    ) -> PromptFacts:
+        tok = self._tokenizers.get(base)
+        seed = seed_for(base, adapter)
+        if tok is not None:
+            ids = (
+                tok.encode_chat(body["messages"]) if endpoint == "chat" else tok.encode_prompt(body["prompt"])
+            )
+            keys = token_block_keys(ids, self.index_block_tokens, seed)
+            return PromptFacts(len(ids), True, keys)
+        if endpoint == "chat":
+            data = canonical_chat_bytes(body["messages"])
+        else:
+            try:
+                data = canonical_completion_bytes(body["prompt"])
+            except ValueError:  # token ids beyond 32 bits: still a valid request, hash its JSON
+                data = orjson.dumps(body["prompt"])
+        keys = byte_block_keys(data, self.index_block_tokens * 4, seed)
+        return PromptFacts(estimate_tokens(len(data)), False, keys)
+
+    def decide(self, info: RequestInfo, snapshot: FleetSnapshot, now: float) -> Routed:
+        candidates = snapshot.pool(info.base_model)
+        names = [r.name for r in candidates]
+        match = self.index.match(info.prefix_keys, names) if info.prefix_keys else {}
+        self._sequence += 1
+        session_replica = self._sessions.get(info.session_id) if info.session_id else None
+        ctx = SchedulingContext(
+            request=info,
+            now=now,
+            prefix_match=match,
+            prefix_blocks=len(info.prefix_keys),
+            session_replica=session_replica,
+            sequence=self._sequence,
+            stale_after_s=self._stale_after,
+        )
+        return Routed(self.profile.schedule(ctx, candidates, self._rng), match)
+
+    def dispatched(self, info: RequestInfo, replica: str) -> None:
+        """Record that `replica` now holds this prompt's blocks (and this session)."""
+        if info.prefix_keys:
+            self.index.record(replica, info.prefix_keys)
+        if info.session_id:
+            sessions = self._sessions
+            sessions[info.session_id] = replica
+            sessions.move_to_end(info.session_id)
+            if len(sessions) > SESSION_MAP_SIZE:
+                sessions.popitem(last=False)

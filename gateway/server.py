@@ -1,0 +1,113 @@
+"""Run kvgate's app under uvicorn: in the caller's event loop (tests, `kvgate up`) or as a process.
+
+The proxy is one process with one event loop (see DESIGN.md: one picture of the fleet per process);
+uvloop and httptools when available, no access log (a log line per request is hot-path work).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+from collections.abc import Generator
+from typing import Any
+
+import uvicorn
+
+from gateway.app import KvgateApp
+from gateway.config import Config
+from gateway.gateway import Gateway
+
+
+class _QuietServer(uvicorn.Server):
+    """A uvicorn server that leaves signal handling to its owner (several may share one loop)."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Generator[None, None, None]:
+        yield
+
+
+def bind_socket(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.listen(2048)
+    sock.setblocking(False)
+    return sock
+
+
+def uvicorn_config(app: Any, log_level: str = "warning", **kw: Any) -> uvicorn.Config:
+    return uvicorn.Config(
+        app,
+        lifespan="on",
+        access_log=False,
+        log_level=log_level,
+        http="httptools",
+        loop="none",
+        timeout_keep_alive=30,
+        backlog=2048,
+        **kw,
+    )
+
+
+class GatewayServer:
+    """`async with GatewayServer(config) as srv:` serves kvgate on `srv.url` in the running loop."""
+
+    def __init__(
+        self, config: Config, host: str = "127.0.0.1", port: int = 0, gateway: Gateway | None = None
+    ):
+        self.app = KvgateApp(config, gateway)
+        self._host = host
+        self._port = port
+        self._server: _QuietServer | None = None
+        self._task: asyncio.Task[None] | None = None
+        self.url = ""
+
+    @property
+    def gateway(self) -> Gateway:
+        assert self.app.gateway is not None
+        return self.app.gateway
+
+    async def __aenter__(self) -> GatewayServer:
+        sock = bind_socket(self._host, self._port)
+        port = sock.getsockname()[1]
+        host = f"[{self._host}]" if ":" in self._host else self._host
+        self.url = f"http://{host}:{port}"
+        self._server = _QuietServer(uvicorn_config(self.app))
+        self._task = asyncio.get_running_loop().create_task(self._server.serve(sockets=[sock]))
+        while not self._server.started:
+            if self._task.done():
+                self._task.result()  # raises the startup error
+                raise RuntimeError("kvgate server exited during start-up")
+            await asyncio.sleep(0.01)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self._server is not None and self._task is not None
+        self._server.should_exit = True
+        await self._task
+
+
+def serve_forever(config: Config, host: str, port: int) -> None:
+    """Blocking: run kvgate until SIGINT/SIGTERM (uvicorn handles the signals)."""
+    loop = "uvloop"
+    try:
+        import uvloop  # noqa: F401
+    except ImportError:  # pragma: no cover - uvloop is a dependency on every supported platform
+        loop = "asyncio"
+    server = uvicorn.Server(
+        uvicorn.Config(
+            KvgateApp(config),
+            host=host,
+            port=port,
+            lifespan="on",
+            access_log=False,
+            log_level=config.server.log_level,
+            http="httptools",
+            loop=loop,
+            timeout_keep_alive=30,
+            backlog=2048,
+        )
+    )
+    server.run()
