@@ -121,7 +121,7 @@ class FillerText:
     the same text. Immutable after construction; safe to share.
     """
 
-    __slots__ = ("_ids", "_texts")
+    __slots__ = ("_texts", "ids")
 
     def __init__(self, words: Sequence[str] = FILLER_WORDS) -> None:
         ids: list[int] = []
@@ -132,12 +132,12 @@ class FillerText:
             ids.append(piece[0])
         if not ids:
             raise ValueError("FillerText needs at least one word")
-        self._ids = tuple(ids)
+        self.ids: tuple[int, ...] = tuple(ids)  # token `index` of seed `seed` is ids[(seed + index) % len]
         self._texts = tuple(" " + w for w in words)
 
     def token(self, seed: int, index: int) -> int:
         """The id of output token `index` of a request seeded with `seed`."""
-        return self._ids[(seed + index) % len(self._ids)]
+        return self.ids[(seed + index) % len(self.ids)]
 
     def text(self, seed: int, index: int) -> str:
         """`decode_token(self.token(seed, index))`, without decoding."""

@@ -1,0 +1,169 @@
+"""Which requests run in the next step, and with which KV blocks: vLLM V1's scheduler.
+
+Each call to `schedule`:
+
+1. Running requests first, in admission order: a decoding request takes 1 token of the per-step
+   budget (`max_num_batched_tokens`), a request still prefilling takes the next chunk of its prompt.
+   When one needs a KV block and none is free, the newest running request (under the "priority"
+   policy: the lowest-priority, then newest) is preempted by recompute: it loses its blocks and goes
+   back to the front of the waiting queue; its tokens so far are recomputed when it is admitted again.
+   If the request that needs the block is itself the one preempted, the running pass stops.
+2. If nothing was preempted, waiting requests are admitted in queue order while `max_num_seqs`, the
+   budget and free blocks allow. An admitted request first reuses its longest cached prefix (full
+   blocks only, never its last token: that one must be computed to sample), then computes the rest, in
+   chunks if the budget is short. A request whose adapter would make more than `max_loras` distinct
+   adapters in the batch is skipped, not blocking those behind it. The first request that cannot get
+   its blocks stops admission.
+
+The scheduler owns the waiting queue, the running list and the blocks' assignment; the engine owns
+what happens to the scheduled requests. Per call it costs O(running + blocks touched), plus the
+skipped waiting requests when LoRA limits bite. Not thread-safe.
+"""
+
+from __future__ import annotations
+
+from simulator.kv_cache import KVCache, extend_block_keys
+from simulator.request import RequestState
+from simulator.waiting_queue import make_waiting_queue
+
+
+class Scheduler:
+    """Admission, batching and preemption over one `KVCache` (see the module docstring).
+
+    Counters (cumulative, tokens): `prefix_queries` (tokens of admitted requests looked up),
+    `prefix_hits` (of those, served from cache), `preemptions`.
+    """
+
+    def __init__(
+        self, cache: KVCache, *, max_num_seqs: int, max_num_batched_tokens: int, max_loras: int, policy: str
+    ) -> None:
+        self.cache = cache
+        self.waiting = make_waiting_queue(policy)
+        self.running: list[RequestState] = []
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.max_loras = max_loras
+        self._priority = policy == "priority"
+        self.prefix_queries = 0
+        self.prefix_hits = 0
+        self.preemptions = 0
+
+    def add(self, state: RequestState) -> None:
+        self.waiting.add(state)
+
+    def remove(self, state: RequestState) -> None:
+        """Take an unfinished request out (running or waiting) and free its blocks."""
+        if state.running:
+            self.running.remove(state)
+            state.running = False
+        else:
+            self.waiting.remove(state)
+        self.release(state)
+
+    def release(self, state: RequestState) -> None:
+        """Free a request's blocks (it finished; the caller drops it from `running`)."""
+        self.cache.free(state.blocks)
+        state.blocks = []
+
+    def schedule(self, now: float) -> tuple[list[RequestState], int]:
+        """This step's batch (each request's `scheduled` set, blocks allocated) and the number of
+        requests preempted to make room. `now` is recorded as first-scheduled time."""
+        cache, bs = self.cache, self.cache.block_size
+        running = self.running
+        budget = self.max_num_batched_tokens
+        scheduled: list[RequestState] = []
+        num_preempted = 0
+
+        i = 0
+        while i < len(running) and budget > 0:
+            s = running[i]
+            n = len(s.token_ids) - s.num_computed
+            if n > budget:
+                n = budget
+            need = (s.num_computed + n + bs - 1) // bs - len(s.blocks)
+            if need > 0:  # most decodes still have room in their last block
+                while need > cache.num_free_blocks:
+                    victim = max(running, key=_preemption_rank) if self._priority else running[-1]
+                    at = running.index(victim) if self._priority else len(running) - 1
+                    del running[at]
+                    if at < i:  # already in this batch (priority policy): give its tokens back
+                        scheduled.remove(victim)
+                        budget += victim.scheduled
+                        i -= 1
+                    self._preempt(victim)
+                    num_preempted += 1
+                    if victim is s:
+                        break
+                if not s.running:
+                    break
+                s.blocks += cache.allocate(need)
+            s.scheduled = n
+            scheduled.append(s)
+            budget -= n
+            i += 1
+
+        if not num_preempted:
+            self._admit(now, budget, scheduled)
+        return scheduled, num_preempted
+
+    def _preempt(self, s: RequestState) -> None:
+        s.running = False
+        self.release(s)
+        s.num_computed = 0
+        s.num_cached_blocks = 0
+        s.scheduled = 0
+        s.num_preemptions += 1
+        self.preemptions += 1
+        self.waiting.put_back((s,))
+
+    def _admit(self, now: float, budget: int, scheduled: list[RequestState]) -> None:
+        waiting, running, cache = self.waiting, self.running, self.cache
+        bs, caching = cache.block_size, cache.enable_prefix_caching
+        max_seqs, max_loras = self.max_num_seqs, self.max_loras
+        loras = {s.adapter for s in scheduled if s.adapter is not None} if max_loras else set()
+        skipped: list[RequestState] = []
+        while waiting and budget > 0 and len(running) < max_seqs:
+            s = waiting.peek()
+            if s.adapter is not None and s.adapter not in loras and len(loras) >= max_loras:
+                skipped.append(waiting.pop())
+                continue
+            num_tokens = len(s.token_ids)
+            hits: list[int] = []
+            if caching:
+                max_hit = (num_tokens - 1) // bs
+                if len(s.keys) < max_hit:
+                    extend_block_keys(s.keys, s.token_ids, bs, s.extra)
+                hits = cache.find_cached_prefix(s.keys, max_hit)
+            computed = len(hits) * bs
+            n = num_tokens - computed
+            if n > budget:
+                n = budget
+            need = (computed + n + bs - 1) // bs - len(hits)
+            if need + cache.num_free_among(hits) > cache.num_free_blocks:
+                break
+            waiting.pop()
+            cache.touch(hits)
+            s.blocks = hits + cache.allocate(need)
+            s.num_computed = computed
+            s.num_cached_blocks = len(hits)
+            if caching:
+                self.prefix_queries += num_tokens
+                self.prefix_hits += computed
+            if s.cached_tokens < 0:
+                s.cached_tokens = min(computed, s.prompt_len)
+            if s.first_scheduled is None:
+                s.first_scheduled = now
+            s.running = True
+            running.append(s)
+            s.scheduled = n
+            scheduled.append(s)
+            budget -= n
+            if s.adapter is not None:
+                loras.add(s.adapter)
+        if skipped:
+            waiting.put_back(skipped)
+
+
+def _preemption_rank(s: RequestState) -> tuple[int, float, int]:
+    """Under the priority policy the largest rank is preempted first: lowest priority, then newest."""
+    return s.priority, s.arrival, s.order
