@@ -1,0 +1,30 @@
+"""What one scheduling decision knows besides the candidates themselves."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from policies.types import RequestInfo
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulingContext:
+    """The request and everything the gateway looked up for it, frozen for one decision.
+
+    - `now`: the gateway's monotonic clock, seconds (compared with `ReplicaState.scraped_at`).
+    - `prefix_match`: replica name -> leading prefix blocks it is believed to hold, as returned by
+      `PrefixIndex.match`; a replica missing from it holds none.
+    - `prefix_blocks`: `len(request.prefix_keys)`, the denominator of the prefix-affinity share.
+    - `session_replica`: the replica that served this session's previous request, if any.
+    - `sequence`: a per-gateway request counter, so a stateless round-robin picker can rotate.
+    - `stale_after_s`: a scrape older than this (seconds) makes a replica stale.
+    """
+
+    request: RequestInfo
+    now: float
+    prefix_match: Mapping[str, int]
+    prefix_blocks: int
+    session_replica: str | None = None
+    sequence: int = 0
+    stale_after_s: float = 1.0

@@ -1,0 +1,1 @@
+"""Pickers: order every remaining candidate best first."""

@@ -1,0 +1,221 @@
+from collections.abc import Sequence
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from policies.prefix_index import PrefixIndex, capacity_blocks
+
+A, B, C = "a", "b", "c"
+
+
+class ReferenceIndex:
+    """The obvious implementation: one ordered list per replica, scanned in full."""
+
+    def __init__(self, default_capacity: int) -> None:
+        self.default_capacity = default_capacity
+        self.lrus: dict[str, list[int]] = {}
+        self.capacity: dict[str, int] = {}
+
+    def _cap(self, replica: str) -> int:
+        return self.capacity.get(replica, self.default_capacity)
+
+    def set_capacity(self, replica: str, capacity: int) -> None:
+        self.capacity[replica] = capacity
+        lru = self.lrus.setdefault(replica, [])
+        del lru[: max(0, len(lru) - capacity)]
+
+    def record(self, replica: str, keys: Sequence[int]) -> None:
+        lru = self.lrus.setdefault(replica, [])
+        for key in reversed(list(keys)[: self._cap(replica)]):
+            if key in lru:
+                lru.remove(key)
+            lru.append(key)
+        del lru[: max(0, len(lru) - self._cap(replica))]
+
+    def remove_replica(self, replica: str) -> None:
+        self.lrus.pop(replica, None)
+        self.capacity.pop(replica, None)
+
+    def match(self, keys: Sequence[int], replicas: Sequence[str]) -> dict[str, int]:
+        result = {}
+        for r in replicas:
+            held = set(self.lrus.get(r, ()))
+            n = 0
+            while n < len(keys) and keys[n] in held:
+                n += 1
+            result[r] = n
+        return result
+
+
+@pytest.mark.parametrize(
+    ("recorded", "query", "expected"),
+    [
+        ({A: [1, 2, 3]}, [1, 2, 3, 4], {A: 3, B: 0}),
+        ({A: [1, 2, 3]}, [1, 9, 3], {A: 1, B: 0}),  # stops at the first miss even if later keys are held
+        ({A: [2, 3]}, [1, 2, 3], {A: 0, B: 0}),
+        ({A: [1, 2], B: [1, 2, 3, 4]}, [1, 2, 3, 4], {A: 2, B: 4}),
+        ({A: [1, 2, 3], B: [1, 2, 3]}, [1, 2, 3], {A: 3, B: 3}),
+        ({A: [1, 2, 3]}, [], {A: 0, B: 0}),
+        ({}, [1], {A: 0, B: 0}),
+    ],
+)
+def test_match_counts_leading_blocks(
+    recorded: dict[str, list[int]], query: list[int], expected: dict[str, int]
+) -> None:
+    index = PrefixIndex(default_capacity=100)
+    for replica, keys in recorded.items():
+        index.record(replica, keys)
+    assert index.match(query, [A, B]) == expected
+
+
+def test_match_only_reports_the_asked_replicas() -> None:
+    index = PrefixIndex(default_capacity=100)
+    index.record(A, [1, 2])
+    index.record(B, [1, 2])
+    assert index.match([1, 2], [B, "unknown"]) == {B: 2, "unknown": 0}
+    assert index.match([1, 2], []) == {}
+
+
+def test_lru_evicts_least_recent_at_capacity() -> None:
+    index = PrefixIndex(default_capacity=4)
+    index.record(A, [1, 2, 3])
+    index.record(A, [7, 8])  # 5 keys > 4: the oldest (the tail of the first prompt, 3) goes
+    assert index.replica_sizes() == {A: 4}
+    assert index.match([1, 2, 3], [A]) == {A: 2}
+    assert index.match([7, 8], [A]) == {A: 2}
+
+
+def test_record_refreshes_keys() -> None:
+    index = PrefixIndex(default_capacity=4)
+    index.record(A, [1, 2])
+    index.record(A, [5, 6])
+    index.record(A, [1, 2])  # refreshed: now 5, 6 are the oldest
+    index.record(A, [9])
+    assert index.match([1, 2], [A]) == {A: 2}
+    assert index.match([5, 6], [A]) == {A: 1}  # 6, the oldest (a tail), was evicted; its head 5 stays
+    assert index.match([6], [A]) == {A: 0}
+
+
+def test_leading_blocks_outlive_tails() -> None:
+    index = PrefixIndex(default_capacity=3)
+    index.record(A, [1, 2, 3, 4])  # over capacity: only the first three are recorded
+    assert index.match([1, 2, 3, 4], [A]) == {A: 3}
+    index.record(A, [1, 9])  # 1 refreshed, 9 new: the tail key 3 is evicted first
+    assert index.match([1, 2, 3], [A]) == {A: 2}
+
+
+def test_set_capacity_shrinks_now_and_per_replica() -> None:
+    index = PrefixIndex(default_capacity=10)
+    index.record(A, list(range(10)))
+    index.record(B, list(range(10)))
+    index.set_capacity(A, 4)
+    assert index.replica_sizes() == {A: 4, B: 10}
+    assert index.match(list(range(10)), [A, B]) == {A: 4, B: 10}
+    assert index.capacity(A) == 4 and index.capacity(B) == 10 and index.capacity("new") == 10
+    index.set_capacity(C, 0)
+    index.record(C, [0, 1])
+    assert index.match([0], [C]) == {C: 0}
+
+
+def test_remove_replica_forgets_its_keys_and_reuses_its_slot() -> None:
+    index = PrefixIndex(default_capacity=10)
+    index.record(A, [1, 2])
+    index.record(B, [1, 3])
+    index.remove_replica(A)
+    index.remove_replica("never-seen")
+    assert index.match([1, 2], [A, B]) == {A: 0, B: 1}
+    assert index.size() == 2  # keys 1 and 3, held by b
+    index.record(C, [5])  # takes a's old slot: must not inherit a's keys
+    assert index.match([1, 2], [C]) == {C: 0}
+    assert index.match([5], [B, C]) == {B: 0, C: 1}
+
+
+def test_clear_and_sizes() -> None:
+    index = PrefixIndex(default_capacity=10)
+    index.record(A, [1, 2, 3])
+    index.record(B, [1, 2])
+    assert index.size() == 3
+    assert index.entries() == 5
+    assert index.replica_sizes() == {A: 3, B: 2}
+    assert index.estimated_bytes() > 0
+    index.clear()
+    assert index.size() == 0 and index.entries() == 0
+    assert index.match([1], [A, B]) == {A: 0, B: 0}
+    index.record(A, [1])
+    assert index.match([1], [A, B]) == {A: 1, B: 0}
+
+
+def test_memory_stays_bounded_under_endless_distinct_prompts() -> None:
+    index = PrefixIndex(default_capacity=200)
+    replicas = [f"r{i}" for i in range(4)]
+    sizes = []
+    for n in range(5000):
+        keys = [n * 1000 + j for j in range(16)]  # every prompt distinct
+        index.record(replicas[n % 4], keys)
+        if n % 1000 == 999:
+            sizes.append(index.estimated_bytes())
+    assert index.entries() == 4 * 200
+    assert index.size() == 4 * 200
+    assert max(sizes) <= min(sizes) * 1.1
+
+
+def test_capacity_blocks_from_the_engine() -> None:
+    assert capacity_blocks(25_000, 16, 64) == 6_250
+    assert capacity_blocks(25_000, 16, 16) == 25_000
+    assert capacity_blocks(0, 16, 64) == 0
+    with pytest.raises(ValueError, match="index_block_tokens"):
+        capacity_blocks(1, 16, 0)
+
+
+@pytest.mark.parametrize("capacity", [0, -1])
+def test_default_capacity_must_be_positive(capacity: int) -> None:
+    with pytest.raises(ValueError, match="default_capacity"):
+        PrefixIndex(default_capacity=capacity)
+
+
+def test_set_capacity_refuses_negative() -> None:
+    with pytest.raises(ValueError, match="capacity_blocks"):
+        PrefixIndex(default_capacity=1).set_capacity(A, -1)
+
+
+REPLICAS = [f"r{i}" for i in range(70)]  # more than 64 slots: masks wider than one machine word
+# Key sequences drawn from a small alphabet so prompts share prefixes and keys repeat.
+KEYS = st.lists(st.integers(min_value=0, max_value=12), max_size=12)
+OPS = st.lists(
+    st.one_of(
+        st.tuples(st.just("record"), st.sampled_from(REPLICAS[:6] + REPLICAS[-3:]), KEYS),
+        st.tuples(st.just("capacity"), st.sampled_from(REPLICAS[:6]), st.integers(0, 8)),
+        st.tuples(st.just("remove"), st.sampled_from(REPLICAS[:6] + REPLICAS[-3:]), st.just([])),
+        st.tuples(st.just("match"), st.just(""), KEYS),
+    ),
+    max_size=60,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(ops=OPS, filler=st.integers(0, 64))
+def test_agrees_with_the_reference(ops: list[tuple[str, str, object]], filler: int) -> None:
+    index = PrefixIndex(default_capacity=6)
+    reference = ReferenceIndex(default_capacity=6)
+    for name in REPLICAS[6 : 6 + filler]:  # occupy slots so the tested replicas get high bits too
+        index.record(name, [1000])
+        reference.record(name, [1000])
+    for op, replica, arg in ops:
+        if op == "record":
+            assert isinstance(arg, list)
+            index.record(replica, arg)
+            reference.record(replica, arg)
+        elif op == "capacity":
+            assert isinstance(arg, int)
+            index.set_capacity(replica, arg)
+            reference.set_capacity(replica, arg)
+        elif op == "remove":
+            index.remove_replica(replica)
+            reference.remove_replica(replica)
+        else:
+            assert isinstance(arg, list)
+            assert index.match(arg, REPLICAS) == reference.match(arg, REPLICAS)
+    sizes = {r: len(keys) for r, keys in reference.lrus.items()}
+    assert index.replica_sizes() == sizes
+    assert index.size() == len({k for keys in reference.lrus.values() for k in keys})
