@@ -67,7 +67,21 @@ class Scheduler:
 
     def schedule(self, now: float) -> tuple[list[RequestState], int]:
         """This step's batch (each request's `scheduled` set, blocks allocated) and the number of
-        requests preempted to make room. `now` is recorded as first-scheduled time."""
+        requests preempted to make room. `now` is recorded as first-scheduled time.
+
+        The batch is empty only when nothing can run. (Under the priority policy a pass can preempt
+        the very request that needed the block and stop with nothing scheduled; vLLM then runs an empty
+        step and schedules again. Here that second pass happens at once, so that an empty batch always
+        means "idle" to the driver.)
+        """
+        total_preempted = 0
+        while True:
+            scheduled, num_preempted = self._schedule_pass(now)
+            total_preempted += num_preempted
+            if scheduled or not num_preempted:
+                return scheduled, total_preempted
+
+    def _schedule_pass(self, now: float) -> tuple[list[RequestState], int]:
         cache, bs = self.cache, self.cache.block_size
         running = self.running
         budget = self.max_num_batched_tokens

@@ -6,6 +6,7 @@ import dataclasses
 
 import pytest
 
+from simulator.engine import Engine, EngineRequest
 from simulator.profiles import PROFILES, get_profile
 
 # profile, KV tokens per replica, blocks of 16, decode step at batch 1 (s), prefill of 2,048 tokens (s)
@@ -103,3 +104,24 @@ def test_roofline_equals_step_time() -> None:
         assert r.step_time(args[0] + args[1], args[2], args[3]) == pytest.approx(
             p.step_time(*args), rel=1e-12
         )
+
+
+@pytest.mark.parametrize(("name", "kv_tokens", "blocks", "decode_s", "prefill_s"), NAPKIN)
+def test_engine_in_virtual_time_matches_napkin(
+    name: str, kv_tokens: float, blocks: float, decode_s: float, prefill_s: float
+) -> None:
+    engine = Engine(get_profile(name))
+    stats = engine.stats
+    assert stats.num_gpu_blocks * stats.block_size == pytest.approx(kv_tokens, rel=0.10)
+    assert stats.num_gpu_blocks == pytest.approx(blocks, rel=0.10)
+
+    engine.add_request(EngineRequest("prefill", list(range(1, 2049)), max_tokens=1), 0.0)
+    step = engine.step(0.0)
+    assert step.num_prefill_tokens == 2048
+    assert step.duration == pytest.approx(prefill_s, rel=0.10)
+
+    engine.add_request(EngineRequest("decode", [7], max_tokens=3), step.end)
+    steps = [engine.step(step.end)]
+    steps.append(engine.step(steps[-1].end))
+    assert steps[-1].num_decode_seqs == 1
+    assert steps[-1].duration == pytest.approx(decode_s, rel=0.10)
