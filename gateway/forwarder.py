@@ -111,6 +111,7 @@ class Forwarder:
             last = i == len(candidates) - 1
             out.attempts = i + 1
             out.replica = replica.name
+            out.error_kind = None
             d.on_attempt(replica)
             try:
                 done = await self._try_one(d, replica, send, out, last)

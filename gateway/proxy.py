@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from gateway.gateway import Gateway
     from gateway.tenancy import Admitted
 
-_NO_REPLICA = GatewayError(503, "no replica can serve this model right now", code="no_replica")
+_NO_REPLICA = GatewayError(503, "no replica can serve this model right now")
 
 
 class ProxyEndpoint:
