@@ -19,7 +19,6 @@ tokens, the KV they read and their attention pairs, plus `lora_load_s` per adapt
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from simulator.kv_cache import KVCache, adapter_extra_key, extend_block_keys
@@ -91,7 +90,9 @@ class StepResult:
 class EngineStats:
     """A snapshot for `/metrics`: live gauges, then cumulative counters since the engine started.
 
-    Token counters are tokens; `busy_s` is simulated seconds spent in steps. `prompt_tokens` counts
+    Token counters are tokens; `busy_s` is simulated seconds spent in steps. The prefix-cache counters
+    are vLLM's `prefix_cache_queries/hits` (first admissions only); lookups of requests re-admitted after
+    preemption are counted apart, as vLLM does (it does not export them). `prompt_tokens` counts
     every prompt token (cached or computed) of each request once, when its first token is generated,
     as vLLM's `prompt_tokens_total` does. Adapter tuples are distinct names in queue order.
     """
@@ -104,6 +105,8 @@ class EngineStats:
     resident_adapters: tuple[str, ...]
     prefix_cache_queries_tokens: int
     prefix_cache_hits_tokens: int
+    preempted_prefix_cache_queries_tokens: int
+    preempted_prefix_cache_hits_tokens: int
     num_preemptions: int
     prompt_tokens: int
     generation_tokens: int
@@ -313,8 +316,7 @@ class Engine:
         return len(missing) * self.config.lora_load_s
 
     def _finish_length(self, s: RequestState, end: float) -> FinishedRequest:
-        s.running = False
-        self._scheduler.release(s)
+        self._scheduler.finish(s)
         del self._requests[s.request_id]
         self._finished["length"] = self._finished.get("length", 0) + 1
         return s.finished("length", end)
@@ -323,17 +325,19 @@ class Engine:
 
     @property
     def stats(self) -> EngineStats:
-        """A fresh snapshot; O(running + waiting)."""
+        """A fresh snapshot; O(adapters), cheap enough to read every step."""
         config, scheduler = self.config, self._scheduler
         return EngineStats(
             num_running=len(scheduler.running),
             num_waiting=len(scheduler.waiting),
             kv_cache_usage=self._cache.usage,
-            running_adapters=_adapters(scheduler.running),
-            waiting_adapters=_adapters(scheduler.waiting),
+            running_adapters=tuple(scheduler.running_adapters),
+            waiting_adapters=tuple(scheduler.waiting_adapters),
             resident_adapters=tuple(self._lora_slots),
             prefix_cache_queries_tokens=scheduler.prefix_queries,
             prefix_cache_hits_tokens=scheduler.prefix_hits,
+            preempted_prefix_cache_queries_tokens=scheduler.preempted_prefix_queries,
+            preempted_prefix_cache_hits_tokens=scheduler.preempted_prefix_hits,
             num_preemptions=scheduler.preemptions,
             prompt_tokens=self._prompt_tokens,
             generation_tokens=self._generation_tokens,
@@ -354,11 +358,3 @@ class Engine:
     def kv_cache(self) -> KVCache:
         """The engine's KV cache, for inspection (tests, debugging); do not mutate it."""
         return self._cache
-
-
-def _adapters(states: Iterable[RequestState]) -> tuple[str, ...]:
-    seen: dict[str, None] = {}
-    for s in states:
-        if s.adapter is not None:
-            seen[s.adapter] = None
-    return tuple(seen)

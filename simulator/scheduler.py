@@ -30,8 +30,11 @@ from simulator.waiting_queue import make_waiting_queue
 class Scheduler:
     """Admission, batching and preemption over one `KVCache` (see the module docstring).
 
-    Counters (cumulative, tokens): `prefix_queries` (tokens of admitted requests looked up),
-    `prefix_hits` (of those, served from cache), `preemptions`.
+    Counters (cumulative): `prefix_queries` (tokens of newly admitted requests looked up in the
+    prefix cache), `prefix_hits` (of those, tokens served from it), the same two for re-admissions
+    after preemption (`preempted_prefix_*`; vLLM keeps them apart so that a victim finding its own
+    blocks again does not inflate the hit rate), and `preemptions` (requests). Lookups are counted
+    when a request is admitted, not when a blocked head-of-queue request is retried.
     """
 
     def __init__(
@@ -46,22 +49,32 @@ class Scheduler:
         self._priority = policy == "priority"
         self.prefix_queries = 0
         self.prefix_hits = 0
+        self.preempted_prefix_queries = 0
+        self.preempted_prefix_hits = 0
         self.preemptions = 0
+        # adapter -> requests of it running / waiting, in order of first appearance (vLLM's
+        # lora_requests_info lists these), kept up to date so reading them costs O(adapters).
+        self.running_adapters: dict[str, int] = {}
+        self.waiting_adapters: dict[str, int] = {}
 
     def add(self, state: RequestState) -> None:
         self.waiting.add(state)
+        _count(self.waiting_adapters, state.adapter, 1)
 
     def remove(self, state: RequestState) -> None:
         """Take an unfinished request out (running or waiting) and free its blocks."""
         if state.running:
             self.running.remove(state)
-            state.running = False
+            self.finish(state)
         else:
             self.waiting.remove(state)
-        self.release(state)
+            _count(self.waiting_adapters, state.adapter, -1)
 
-    def release(self, state: RequestState) -> None:
-        """Free a request's blocks (it finished; the caller drops it from `running`)."""
+    def finish(self, state: RequestState) -> None:
+        """A running request is done: free its blocks. The caller drops it from `running` (the
+        engine does it once per step for all finished requests)."""
+        state.running = False
+        _count(self.running_adapters, state.adapter, -1)
         self.cache.free(state.blocks)
         state.blocks = []
 
@@ -121,8 +134,8 @@ class Scheduler:
         return scheduled, num_preempted
 
     def _preempt(self, s: RequestState) -> None:
-        s.running = False
-        self.release(s)
+        self.finish(s)
+        _count(self.waiting_adapters, s.adapter, 1)
         s.num_computed = 0
         s.num_cached_blocks = 0
         s.scheduled = 0
@@ -160,7 +173,12 @@ class Scheduler:
             s.blocks = hits + cache.allocate(need)
             s.num_computed = computed
             s.num_cached_blocks = len(hits)
-            if caching:
+            if not caching:
+                pass
+            elif s.num_preemptions:
+                self.preempted_prefix_queries += num_tokens
+                self.preempted_prefix_hits += computed
+            else:
                 self.prefix_queries += num_tokens
                 self.prefix_hits += computed
             if s.cached_tokens < 0:
@@ -169,6 +187,9 @@ class Scheduler:
                 s.first_scheduled = now
             s.running = True
             running.append(s)
+            if s.adapter is not None:
+                _count(self.waiting_adapters, s.adapter, -1)
+                _count(self.running_adapters, s.adapter, 1)
             s.scheduled = n
             scheduled.append(s)
             budget -= n
@@ -176,6 +197,16 @@ class Scheduler:
                 loras.add(s.adapter)
         if skipped:
             waiting.put_back(skipped)
+
+
+def _count(counts: dict[str, int], adapter: str | None, delta: int) -> None:
+    if adapter is None:
+        return
+    left = counts.get(adapter, 0) + delta
+    if left:
+        counts[adapter] = left
+    else:
+        del counts[adapter]
 
 
 def _preemption_rank(s: RequestState) -> tuple[int, float, int]:

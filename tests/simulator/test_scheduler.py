@@ -81,7 +81,10 @@ def test_preempted_request_recomputes_and_may_hit_its_own_blocks() -> None:
     assert preempted
     # The recomputed tokens show up as prompt work beyond the prompt, and some came back from cache.
     assert all(f.computed_prompt_tokens >= 200 for f in r.finished.values())
-    assert engine.stats.prefix_cache_hits_tokens > 0
+    stats = engine.stats
+    assert stats.preempted_prefix_cache_hits_tokens > 0
+    assert stats.prefix_cache_hits_tokens == 0, "re-admissions are counted apart, as vLLM does"
+    assert stats.prefix_cache_queries_tokens == 3 * 200
 
 
 def test_newest_running_request_is_preempted_first() -> None:
@@ -134,6 +137,26 @@ def test_skipped_adapter_does_not_block_the_queue() -> None:
     assert {t.request_id for t in step.tokens} == {"a1", "a2", "base"}
     assert engine.stats.waiting_adapters == ("b",)
     assert engine.stats.running_adapters == ("a",)
+    engine.finish_request("b1", step.end)
+    assert not engine.stats.waiting_adapters
+    run(engine, step.end)
+    assert not engine.stats.running_adapters
+
+
+def test_adapter_gauges_follow_preemption() -> None:
+    engine = Engine(TINY, EngineConfig(num_gpu_blocks=64, max_model_len=1024, max_loras=2))
+    arrivals = [(0.0, request(f"r{i}", distinct_prompt(i, 300), 200, adapter="ab"[i % 2])) for i in range(8)]
+    seen: list[tuple[tuple[str, ...], tuple[str, ...]]] = []
+    r = run(
+        engine,
+        arrivals=arrivals,
+        after_step=lambda e, _: seen.append((e.stats.running_adapters, e.stats.waiting_adapters)),
+    )
+    assert engine.stats.num_preemptions > 0
+    assert {a for running, _ in seen for a in running} == {"a", "b"}
+    assert any(waiting for _, waiting in seen)
+    assert (engine.stats.running_adapters, engine.stats.waiting_adapters) == ((), ())
+    assert len(r.finished) == 8
 
 
 def test_two_lora_slots_keep_both_adapters_resident() -> None:
