@@ -59,8 +59,9 @@ def size_shared_prefix(
     Example: K = 16,384 (the `tiny` profile), R = 8, P = 1,024: f x R = 6, m = 4, groups = 64,
     W = 65,536 = 4.0 x K = 50% of the fleet.
 
-    Raises ValueError when no group count lands in [min_multiple, max_multiple] x K and within
-    f x R x K: the fleet is too small (needs R >= min_multiple / f replicas) or P is too coarse.
+    Raises ValueError when the fleet is too small (it needs R >= min_multiple / f replicas), when P is
+    more than a quarter of K (a replica should hold several groups next to running requests), or when
+    no group count lands in [min_multiple, max_multiple] x K within f x R x K.
     """
     check_positive(
         replica_kv_tokens=replica_kv_tokens,
@@ -73,6 +74,11 @@ def size_shared_prefix(
         raise ValueError(
             f"need 0 < min_multiple <= target_multiple <= max_multiple, got "
             f"{min_multiple}, {target_multiple}, {max_multiple}"
+        )
+    if system_prompt_tokens * 4 > replica_kv_tokens:
+        raise ValueError(
+            f"a {system_prompt_tokens}-token system prompt is more than a quarter of a replica's KV cache "
+            f"({replica_kv_tokens} tokens): use a shorter prompt or a larger replica"
         )
     fleet_room = max_fleet_fraction * replicas * replica_kv_tokens
     if fleet_room < min_multiple * replica_kv_tokens:

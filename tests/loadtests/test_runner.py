@@ -195,14 +195,15 @@ async def test_workload_object_and_record(url: str) -> None:
     record = run.to_record(policy="direct", workload=work.name)
     assert record.requests == 8 and record.completed == 8 and record.concurrency == 2
     assert record.output_tok_s > 0 and record.ttft_p90_s is not None
-    assert record.loadgen_cpu_ms_per_request > 0 and 0 <= record.loadgen_cpu_frac
+    assert record.loadgen_cpu_ms_per_request > 0 and record.loadgen_cpu_frac >= 0
 
 
 async def test_tcp_nodelay_is_set_on_client_connections(url: str) -> None:
     # A stream that stays open, so the connection is still the response's when inspected.
-    async with open_session(2) as session, session.post(
-        url + "/v1/chat/completions", json=request_body("chat", "hang", None, "hi", 2)
-    ) as resp:
+    async with (
+        open_session(2) as session,
+        session.post(url + "/v1/chat/completions", json=request_body("chat", "hang", None, "hi", 2)) as resp,
+    ):
         await resp.content.readline()
         assert resp.connection is not None and resp.connection.transport is not None
         sock = resp.connection.transport.get_extra_info("socket")
