@@ -19,6 +19,7 @@ tokens, the KV they read and their attention pairs, plus `lora_load_s` per adapt
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from simulator.kv_cache import KVCache, adapter_extra_key, extend_block_keys
@@ -94,7 +95,9 @@ class EngineStats:
     are vLLM's `prefix_cache_queries/hits` (first admissions only); lookups of requests re-admitted after
     preemption are counted apart, as vLLM does (it does not export them). `prompt_tokens` counts
     every prompt token (cached or computed) of each request once, when its first token is generated,
-    as vLLM's `prompt_tokens_total` does. Adapter tuples are distinct names in queue order.
+    as vLLM's `prompt_tokens_total` does. `running_adapters` / `waiting_adapters` are the distinct
+    adapters of running / waiting requests (oldest first), `resident_adapters` the GPU's LoRA slots
+    (least recently used first).
     """
 
     num_running: int
@@ -120,11 +123,15 @@ class EngineStats:
     max_num_batched_tokens: int
     max_model_len: int
     enable_prefix_caching: bool
-    finished: dict[str, int] = field(default_factory=dict)  # requests that left, by reason
+    finished: Mapping[str, int] = field(default_factory=dict)  # requests that left, by reason
 
 
 class Engine:
-    """One replica's engine (see the module docstring). Not thread-safe: one driver owns it."""
+    """One replica's engine (see the module docstring). Not thread-safe: one driver owns it.
+
+    Read-only attributes: `profile`, `config`, and the resolved `max_model_len`, `num_gpu_blocks`,
+    `block_size`.
+    """
 
     def __init__(self, profile: Profile, config: EngineConfig = EngineConfig()) -> None:
         if config.block_size < 1 or config.max_num_seqs < 1 or config.max_num_batched_tokens < 1:
@@ -289,9 +296,13 @@ class Engine:
         for s in firsts:
             s.first_token = end
             self._prompt_tokens += s.prompt_len
-        finished = [self._finish_length(s, end) for s in finishing]
+        finished: list[FinishedRequest] = []
         if finishing:
-            self._scheduler.running = [s for s in self._scheduler.running if s.running]
+            self._scheduler.retire(finishing)
+            for s in finishing:
+                del self._requests[s.request_id]
+                finished.append(s.finished("length", end))
+            self._finished["length"] = self._finished.get("length", 0) + len(finishing)
         self._generation_tokens += len(tokens)
         self._steps += 1
         self._scheduled_tokens += prefill_tokens + decode_seqs
@@ -314,12 +325,6 @@ class Engine:
                 slots.popitem(last=False)
             slots[adapter] = None
         return len(missing) * self.config.lora_load_s
-
-    def _finish_length(self, s: RequestState, end: float) -> FinishedRequest:
-        self._scheduler.finish(s)
-        del self._requests[s.request_id]
-        self._finished["length"] = self._finished.get("length", 0) + 1
-        return s.finished("length", end)
 
     # -- observing -----------------------------------------------------------------------------------
 

@@ -17,7 +17,6 @@ safe to share between engines and threads.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -139,10 +138,6 @@ class Profile:
             s_per_kv_token=self.kv_bytes_per_token / self.tp / bytes_rate,
             overhead_s=self.step_overhead_s,
         )
-
-    def with_overrides(self, **changes: object) -> Profile:
-        """A copy with some fields replaced (e.g. `max_model_len=4096`)."""
-        return dataclasses.replace(self, **changes)  # type: ignore[arg-type]
 
 
 def _llama_3_8b(name: str, gpu: GpuSpec) -> Profile:

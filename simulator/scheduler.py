@@ -65,14 +65,18 @@ class Scheduler:
         """Take an unfinished request out (running or waiting) and free its blocks."""
         if state.running:
             self.running.remove(state)
-            self.finish(state)
+            self._release(state)
         else:
             self.waiting.remove(state)
             _count(self.waiting_adapters, state.adapter, -1)
 
-    def finish(self, state: RequestState) -> None:
-        """A running request is done: free its blocks. The caller drops it from `running` (the
-        engine does it once per step for all finished requests)."""
+    def retire(self, states: list[RequestState]) -> None:
+        """Running requests that finished this step: free their blocks, drop them from `running`."""
+        for state in states:
+            self._release(state)
+        self.running = [s for s in self.running if s.running]
+
+    def _release(self, state: RequestState) -> None:
         state.running = False
         _count(self.running_adapters, state.adapter, -1)
         self.cache.free(state.blocks)
@@ -134,7 +138,7 @@ class Scheduler:
         return scheduled, num_preempted
 
     def _preempt(self, s: RequestState) -> None:
-        self.finish(s)
+        self._release(s)
         _count(self.waiting_adapters, s.adapter, 1)
         s.num_computed = 0
         s.num_cached_blocks = 0
