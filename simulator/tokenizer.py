@@ -29,8 +29,8 @@ _LEN_TERMS = tuple(n << _LEN_SHIFT for n in range(MAX_TOKEN_BYTES + 1))
 _WORD = rb"[A-Za-z0-9\x80-\xff]"
 _PUNCT = rb"[^A-Za-z0-9\x80-\xff\s]"
 _PIECE = re.compile(
-    rb" ?" + _WORD + rb"{1,5}|" + _WORD + rb"{1,6}"
-    rb"| ?" + _PUNCT + rb"{1,5}|" + _PUNCT + rb"{1,6}"
+    rb" " + _WORD + rb"{1,5}|" + _WORD + rb"{1,6}"
+    rb"| " + _PUNCT + rb"{1,5}|" + _PUNCT + rb"{1,6}"
     rb"|\s{1,6}(?!\S)|\s{1,6}"
 )
 _FROM_BYTES = int.from_bytes
