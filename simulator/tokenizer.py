@@ -43,18 +43,31 @@ def encode(text: str) -> list[int]:
     return list(map(operator.add, map(_FROM_BYTES, chunks), map(_LEN_TERMS.__getitem__, map(len, chunks))))
 
 
+def is_token(token_id: int) -> bool:
+    """Whether `token_id` is a token of this tokenizer (some chunk of 1 to 6 bytes)."""
+    length = token_id >> _LEN_SHIFT
+    return 1 <= length <= MAX_TOKEN_BYTES and not (token_id & _VALUE_MASK) >> (8 * length)
+
+
 def token_bytes(token_id: int) -> bytes:
     """The bytes one token stands for; ValueError if `token_id` is no token of this tokenizer."""
-    length = token_id >> _LEN_SHIFT
-    value = token_id & _VALUE_MASK
-    if not 1 <= length <= MAX_TOKEN_BYTES or value >> (8 * length):
+    if not is_token(token_id):
         raise ValueError(f"token id {token_id} is out of vocabulary")
-    return value.to_bytes(length, "big")
+    return (token_id & _VALUE_MASK).to_bytes(token_id >> _LEN_SHIFT, "big")
 
 
 def decode(ids: Sequence[int]) -> str:
     """The text of `ids`; exact inverse of `encode`. ValueError on an id that is no token."""
-    data = b"".join(map(token_bytes, ids))
+    # C-level maps as in `encode` (id >> 48 is the length, id & mask the bytes), twice as fast as
+    # `token_bytes` per id; an id that is no token ends in a bad length or an OverflowError.
+    lengths = list(map(_LEN_SHIFT.__rrshift__, ids))
+    try:
+        if lengths and (min(lengths) < 1 or max(lengths) > MAX_TOKEN_BYTES):
+            raise OverflowError
+        data = b"".join(map(int.to_bytes, map(_VALUE_MASK.__rand__, ids), lengths))
+    except OverflowError:
+        bad = next(i for i in ids if not is_token(i))
+        raise ValueError(f"token id {bad} is out of vocabulary") from None
     try:
         return data.decode("utf-8", "surrogatepass")
     except UnicodeDecodeError:

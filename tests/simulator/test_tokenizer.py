@@ -13,6 +13,7 @@ from simulator.tokenizer import (
     decode,
     decode_token,
     encode,
+    is_token,
     render_chat,
     token_bytes,
 )
@@ -87,10 +88,11 @@ def test_cut_character_decodes_to_replacement() -> None:
 
 @pytest.mark.parametrize("bad", [0, 1, 2**48 - 1, 7 * 2**48, (1 << 48) + 256, -5])
 def test_out_of_vocabulary_ids_are_rejected(bad: int) -> None:
+    assert not is_token(bad)
     with pytest.raises(ValueError, match="vocabulary"):
         token_bytes(bad)
-    with pytest.raises(ValueError):
-        decode([bad])
+    with pytest.raises(ValueError, match=str(bad)):
+        decode([*encode("fine so far"), bad, 0])
 
 
 def test_chat_template() -> None:
