@@ -169,6 +169,9 @@ async def run_load(
 ) -> RunResult:
     """Run one load point against `base_url` and return every request's trace.
 
+    `specs` are pulled lazily, inside the run: generating a long prompt's text costs about 2 µs per
+    token on this machine, so for long prompts or high rates pass a list built beforehand
+    (`list(workload.requests())`), or the generator's CPU figure includes text generation.
     With `session` None a session is opened and closed here; a given session must allow at least
     `config.connections` connections (its connector's limit, 0 = unlimited). `on_done` is called in
     the loop after each request (e.g. to advance a progress bar); keep it cheap.

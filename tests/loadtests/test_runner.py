@@ -9,7 +9,14 @@ from collections.abc import AsyncIterator, Iterator
 
 import pytest
 
-from loadtests.runner import LoadConfig, inter_arrival_gaps, open_session, run_load, scrape_counters
+from loadtests.runner import (
+    LoadConfig,
+    inter_arrival_gaps,
+    open_session,
+    run_load,
+    run_load_in_thread,
+    scrape_counters,
+)
 from loadtests.workloads.random_prompts import RandomWorkload
 from loadtests.workloads.spec import Endpoint, RequestSpec, request_body
 from tests.loadtests.fake_openai import FIRST_TOKEN_DELAY_S, REPLICA_NAME, FakeState, serve_fake
@@ -251,3 +258,13 @@ def test_inter_arrival_gaps_mean_and_burstiness(shape: float) -> None:
     assert cv == pytest.approx(1 / shape**0.5, rel=0.05)
     again = inter_arrival_gaps(random.Random(1), rate=20.0, burstiness=shape)
     assert [next(again) for _ in range(100)] == sample[:100]
+
+
+async def test_run_in_its_own_thread_and_progress_callback(url: str) -> None:
+    seen: list[str] = []
+    await run_load(url, specs(5), LoadConfig(concurrency=2), on_done=lambda t: seen.append(t.request_id))
+    assert sorted(seen) == [f"r{i}" for i in range(5)]
+    # The server keeps this loop; the runner gets a thread and loop of its own, and its CPU figure
+    # then counts that thread only.
+    threaded = await run_load_in_thread(url, list(specs(6)), LoadConfig(concurrency=3))
+    assert threaded.sent == 6 and all(t.ok for t in threaded.traces)
