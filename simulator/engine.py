@@ -10,7 +10,7 @@ Each step, `Scheduler` picks the batch as vLLM V1 does (running requests first, 
 `simulator/scheduler.py`). The engine then advances every scheduled request: a request whose computed
 tokens reach all its tokens samples one (its first output token ends its prefill; later ones come one
 per step); at `max_tokens` tokens it finishes ("length") and frees its blocks at once. Full blocks of
-prompt and output are registered in the prefix cache as they are computed.
+prompt and output are registered in the prefix cache by the scheduler when it hands out the batch.
 
 Step time = profile roofline (max of compute and memory time, plus overhead) over the scheduled
 tokens, the KV they read and their attention pairs, plus `lora_load_s` per adapter made resident.
@@ -22,7 +22,7 @@ from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from simulator.kv_cache import KVCache, adapter_extra_key, extend_block_keys
+from simulator.kv_cache import KVCache, adapter_extra_key
 from simulator.profiles import Profile
 from simulator.request import EngineRequest, FinishedRequest, RequestState, TokenEvent
 from simulator.scheduler import Scheduler
@@ -159,7 +159,6 @@ class Engine:
         self.block_size = config.block_size
         self._roofline = profile.roofline()
         self._cache = KVCache(num_blocks, config.block_size, config.enable_prefix_caching)
-        self._prefix_caching = config.enable_prefix_caching
         self._scheduler = Scheduler(
             self._cache,
             max_num_seqs=config.max_num_seqs,
@@ -246,7 +245,6 @@ class Engine:
         if not scheduled:
             return StepResult(now, 0.0, now, [], [], 0, 0, num_preempted)
         lora_load = self._load_adapters(scheduled) if self.config.max_loras else 0.0
-        cache, bs, caching = self._cache, self.block_size, self._prefix_caching
         filler_ids, num_filler = self._filler.ids, len(self._filler.ids)
         new_tuple = tuple.__new__  # TokenEvent(...) without NamedTuple's Python-level __new__
         tokens: list[TokenEvent] = []
@@ -270,13 +268,6 @@ class Engine:
                 pairs += n * c + n * (n + 1) // 2
             if c < s.prompt_len:
                 s.computed_prompt_tokens += min(done, s.prompt_len) - c
-            if caching and done // bs > s.num_cached_blocks:
-                full = done // bs
-                if len(s.keys) < full:
-                    extend_block_keys(s.keys, s.token_ids, bs, s.extra)
-                for b in range(s.num_cached_blocks, full):
-                    cache.cache_full_block(s.blocks[b], s.keys[b])
-                s.num_cached_blocks = full
             if done < len(s.token_ids):
                 continue  # a prefill chunk that is not the last
             index = s.num_output

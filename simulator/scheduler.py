@@ -15,6 +15,10 @@ Each call to `schedule`:
    adapters in the batch is skipped, not blocking those behind it. The first request that cannot get
    its blocks stops admission.
 
+Full blocks are registered in the prefix cache when the batch is formed, as vLLM does at allocation:
+a request admitted right after another with the same prompt reuses the blocks that the same step
+fills, so a burst of identical prompts computes the prefix once.
+
 The scheduler owns the waiting queue, the running list and the blocks' assignment; the engine owns
 what happens to the scheduled requests. Per call it costs O(running + blocks touched), plus the
 skipped waiting requests when LoRA limits bite. Not thread-safe.
@@ -133,9 +137,25 @@ class Scheduler:
             budget -= n
             i += 1
 
+        if cache.enable_prefix_caching:
+            # Registered now, once no running request can be preempted any more, so that requests
+            # admitted below already find the blocks this batch fills (vLLM caches at allocation).
+            for s in scheduled:
+                if (s.num_computed + s.scheduled) // bs > s.num_cached_blocks:
+                    self._register_full_blocks(s)
         if not num_preempted:
             self._admit(now, budget, scheduled)
         return scheduled, num_preempted
+
+    def _register_full_blocks(self, s: RequestState) -> None:
+        """Make the full blocks this step completes for `s` findable in the prefix cache."""
+        bs = self.cache.block_size
+        full = (s.num_computed + s.scheduled) // bs
+        if len(s.keys) < full:
+            extend_block_keys(s.keys, s.token_ids, bs, s.extra)
+        for b in range(s.num_cached_blocks, full):
+            self.cache.cache_full_block(s.blocks[b], s.keys[b])
+        s.num_cached_blocks = full
 
     def _preempt(self, s: RequestState) -> None:
         self._release(s)
@@ -197,6 +217,8 @@ class Scheduler:
             s.scheduled = n
             scheduled.append(s)
             budget -= n
+            if caching:
+                self._register_full_blocks(s)
             if s.adapter is not None:
                 loras.add(s.adapter)
         if skipped:

@@ -36,6 +36,16 @@ def test_same_long_prompt_twice_hits_the_cache(profile: str) -> None:
     assert warm * 3 <= cold
 
 
+def test_identical_prompts_in_one_step_compute_the_prefix_once() -> None:
+    engine = Engine(TINY)
+    prompt = distinct_prompt(9, 2000)
+    r = run(engine, arrivals=[(0.0, request(f"r{i}", prompt)) for i in range(3)])
+    assert r.steps[0].num_prefill_tokens == 2000 + 2 * 16
+    assert [r.finished[f"r{i}"].cached_tokens for i in range(3)] == [0, 1984, 1984]
+    # 125 blocks of prompt, plus one each for the two copies' recomputed last block.
+    assert round(r.stats_after[0].kv_cache_usage * engine.num_gpu_blocks) == 125 + 2
+
+
 def test_prefix_stats_count_tokens_of_admitted_requests() -> None:
     engine = Engine(TINY)
     prompt = distinct_prompt(2, 100)
