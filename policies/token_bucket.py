@@ -43,7 +43,11 @@ The arithmetic, exactly (a Lua script mirrors it line by line; Lua numbers are I
     level = math.min(capacity, level + (reserved - actual))
 
 A key can be given a TTL of `ceil(reset) + 1` seconds after each write: once the bucket would be full
-again, a missing key (= full) is the same state, so expiry loses nothing.
+again, a missing key (= full) is the same state, so expiry loses nothing. Store the two numbers with
+`string.format('%.17g', x)`: Lua's `tostring` keeps only 14 significant digits, and the rounding
+would drift the level a little on every write. Return fractional results (retry_after, remaining,
+reset) as such strings too: Redis turns a Lua number in a script's reply into an integer (and
+`math.huge` has no integer). With `redis.call('TIME')`, `now = sec + usec / 1e6`.
 
 Concurrency: the functions are pure; atomicity is the store's job (one event loop for memory, one Lua
 script for Redis). A read-modify-write split over two Redis calls would break the "all or nothing" and
@@ -182,26 +186,31 @@ def take_all(
 ) -> MultiTakeResult:
     """Take from every `(spec, state, amount)` bucket at `now`, or from none (e.g. the requests bucket
     and the tokens bucket of one tenant). Buckets are independent: each is refilled on its own."""
-    refilled: list[BucketState] = []
-    waits: list[float] = []
-    for spec, state, amount in requests:
+    # One pass for the refills and the verdict, a second only to debit: this runs on every request.
+    levels: list[float] = []
+    stamps: list[float] = []
+    limiting: list[int] = []
+    retry_after_s = 0.0
+    for i, (spec, state, amount) in enumerate(requests):
         _check_amount(amount)
         s = refill(spec, state, now)
-        refilled.append(s)
-        waits.append(_shortfall_s(spec, s.level, amount))
-    limiting = tuple(i for i, w in enumerate(waits) if w > 0.0)
+        wait = _shortfall_s(spec, s.level, amount)
+        if wait > 0.0:
+            limiting.append(i)
+            retry_after_s = max(retry_after_s, wait)
+        levels.append(s.level)
+        stamps.append(s.updated_at)
     allowed = not limiting
     if allowed:
-        refilled = [BucketState(s.level - amount, s.updated_at)
-                    for s, (_, _, amount) in zip(refilled, requests, strict=True)]
+        levels = [level - amount for level, (_, _, amount) in zip(levels, requests, strict=True)]
     return MultiTakeResult(
         allowed=allowed,
-        states=tuple(refilled),
-        retry_after_s=max(waits, default=0.0),
-        remaining=tuple(max(0.0, s.level) for s in refilled),
-        reset_s=tuple(_reset_s(spec, s.level) for (spec, _, _), s in zip(requests, refilled, strict=True)),
-        limiting=limiting,
-        too_large=math.inf in waits,
+        states=tuple(map(BucketState, levels, stamps)),
+        retry_after_s=retry_after_s,
+        remaining=tuple(level if level > 0.0 else 0.0 for level in levels),
+        reset_s=tuple(_reset_s(spec, level) for (spec, _, _), level in zip(requests, levels, strict=True)),
+        limiting=tuple(limiting),
+        too_large=retry_after_s == math.inf,
     )
 
 
