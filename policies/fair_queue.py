@@ -11,8 +11,8 @@ of a flow starts at
     S = max(F, V_at_push(head))
 
 `pop` serves the flow whose head has the smallest `S` (ties: the head pushed first), sets `V = S`,
-and `F = S + cost_tokens / weight`. So a tenant is charged its items' tokens divided by its weight;
-over a long backlog each tenant's served tokens are proportional to its weight, and one tenant's huge
+and `F = S + max(cost_tokens, 1) / weight`. So a tenant is charged its items' tokens divided by its
+weight; over a long backlog each tenant's served tokens are proportional to its weight, and one tenant's huge
 items cannot starve another's small ones (those wait behind at most one item of the big tenant).
 A tenant that was idle comes back at the `V` of the moment it pushes: it banks no credit while away;
 a tenant that just had a huge item served still pays for it (`F` is remembered).
@@ -48,9 +48,10 @@ _COMPACT_MIN_STALE = 64
 @dataclass(frozen=True, slots=True)
 class QueueItem(Generic[P]):
     """One waiting request. `cost_tokens` (>= 0) is the fairness charge, in tokens (the request's
-    reservation: estimated prompt tokens + output cap). `weight` (> 0) is the tenant's share; give
-    every item of a tenant the same weight. `enqueued_at` and `deadline` are seconds on the caller's
-    clock; `deadline = math.inf` for none. `payload` is opaque (e.g. the waiter's future)."""
+    reservation: estimated prompt tokens + output cap); 0 is charged as 1. `weight` (> 0) is the
+    tenant's share; give every item of a tenant the same weight. `enqueued_at` and `deadline` are
+    seconds on the caller's clock; `deadline = math.inf` for none. `payload` is opaque (e.g. the
+    waiter's future)."""
 
     item_id: str
     tenant: str
@@ -182,7 +183,8 @@ class FairQueue(Generic[P]):
             _, entry = flow.entries.popitem(last=False)
             item = entry.item
             band.vtime = max(band.vtime, start)
-            flow.finish = start + item.cost_tokens / item.weight
+            # At least one token each: a flood of free items must not hold a band forever.
+            flow.finish = start + max(item.cost_tokens, 1) / item.weight
             flow.live = -1
             if flow.entries:
                 self._schedule(band, flow, next(iter(flow.entries.values())))

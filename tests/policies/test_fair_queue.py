@@ -94,7 +94,7 @@ def served_tokens(q: FairQueue[None], pops: int) -> Counter[str]:
         (3, 50, 1, 400),
         (1, 4000, 1, 100),  # by tokens, not by requests: A gets 1/40 of B's request count
         (2, 4000, 1, 100),
-        (1, 0, 1, 100),  # free items: served as fast as the queue pops them, charge nothing
+        (1, 1, 1, 100),
     ],
 )
 def test_backlogged_tenants_share_tokens_by_weight(
@@ -117,6 +117,14 @@ def test_weight_two_gets_twice_the_token_share_over_a_long_backlog() -> None:
         q.push(mk(f"b{i}", "b", cost=250, weight=1))
     got = served_tokens(q, 900)
     assert got["a"] == 2 * got["b"]
+
+
+def test_free_items_are_charged_one_token_and_cannot_hold_the_band() -> None:
+    q: FairQueue[None] = FairQueue()
+    for i in range(1000):
+        q.push(mk(f"free{i}", "free", cost=0))
+    q.push(mk("paid", "paid", cost=10))
+    assert drain(q).index("paid") == 1  # the free tenant's second item starts at virtual time 1
 
 
 def test_huge_requests_do_not_starve_small_ones() -> None:
