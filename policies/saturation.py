@@ -60,7 +60,7 @@ def saturation_reason(r: ReplicaState, thr: SaturationThresholds, now: float) ->
     """The first rule (in the order of the module docstring) that makes `r` saturated, or None."""
     if not r.healthy:
         return SaturationReason.UNHEALTHY
-    if r.scraped_at is None or now - r.scraped_at > thr.stale_after_s:
+    if not r.is_fresh(now, thr.stale_after_s):
         return SaturationReason.STALE
     if r.waiting > thr.max_waiting_per_replica:
         return SaturationReason.WAITING
