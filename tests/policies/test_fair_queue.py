@@ -347,31 +347,37 @@ def test_every_item_leaves_exactly_once_and_orders_hold(steps: list[Op]) -> None
         assert ids == sorted(ids)  # FIFO inside a tenant and band
 
 
+def replay(steps: list[Op], skip: set[str]) -> tuple[list[str], set[str]]:
+    """Run push/pop/remove steps, leaving out the pushes in `skip`; at the end expire the first half
+    of the deadlines (checking exactly those go), then drain. Returns every departure in order and
+    the ids that `remove` took out."""
+    q: FairQueue[None] = FairQueue()
+    out: list[str] = []
+    removed: set[str] = set()
+    n = 0
+    for op, tenant, band, cost, k in steps:
+        if op == "push":
+            n += 1
+            if f"i{n}" not in skip:
+                q.push(mk(f"i{n}", f"t{tenant}", Band(band), cost=cost, weight=1 + tenant % 3,
+                          deadline=float(n)))
+        elif op == "pop":
+            it = q.pop()
+            if it is not None:
+                out.append(it.item_id)
+        elif op == "remove" and f"i{k}" not in skip and q.remove(f"i{k}") is not None:
+            removed.add(f"i{k}")
+    overdue = [f"i{i}" for i in range(1, n // 2 + 1) if f"i{i}" in q]  # deadline order = push order
+    expired = [it.item_id for it in q.expire(n // 2)]
+    assert expired == overdue
+    return out + expired + drain(q), removed
+
+
 @given(ops)
 def test_removed_items_leave_no_trace_in_the_order(steps: list[Op]) -> None:
     """A queue where some items were removed pops exactly like one where they were never pushed."""
-
-    def run(skip: set[str]) -> tuple[list[str], set[str]]:
-        q: FairQueue[None] = FairQueue()
-        popped: list[str] = []
-        removed: set[str] = set()
-        n = 0
-        for op, tenant, band, cost, k in steps:
-            if op == "push":
-                n += 1
-                if f"i{n}" not in skip:
-                    q.push(mk(f"i{n}", f"t{tenant}", Band(band), cost=cost, weight=1 + tenant % 2))
-            elif op == "pop":
-                it = q.pop()
-                if it is not None:
-                    popped.append(it.item_id)
-            elif op == "remove" and f"i{k}" not in skip and q.remove(f"i{k}") is not None:
-                removed.add(f"i{k}")
-        popped.extend(drain(q))
-        return popped, removed
-
-    with_removals, removed = run(skip=set())
-    never_pushed, _ = run(skip=removed)
+    with_removals, removed = replay(steps, skip=set())
+    never_pushed, _ = replay(steps, skip=removed)
     assert with_removals == never_pushed
 
 
@@ -387,30 +393,7 @@ def test_removal_equivalence_holds_through_heap_compaction(seed: int) -> None:
             steps.append(("remove", 0, 0, 0, rng.randrange(1, n + 1)))
         if rng.random() < 0.2:
             steps.append(("pop", 0, 0, 0, 0))
-
-    def run(skip: set[str]) -> tuple[list[str], set[str]]:
-        q: FairQueue[None] = FairQueue()
-        popped: list[str] = []
-        removed: set[str] = set()
-        n = 0
-        for op, tenant, band, cost, k in steps:
-            if op == "push":
-                n += 1
-                if f"i{n}" not in skip:
-                    q.push(mk(f"i{n}", f"t{tenant}", Band(band), cost=cost, weight=1 + tenant % 3,
-                              deadline=float(n)))
-            elif op == "pop":
-                it = q.pop()
-                if it is not None:
-                    popped.append(it.item_id)
-            elif f"i{k}" not in skip and q.remove(f"i{k}") is not None:
-                removed.add(f"i{k}")
-        overdue = [f"i{i}" for i in range(1, 2001) if f"i{i}" in q]  # deadline order = push order
-        assert [it.item_id for it in q.expire(2000.0)] == overdue
-        popped.extend(drain(q))
-        return popped, removed
-
-    with_removals, removed = run(skip=set())
-    never_pushed, _ = run(skip=removed)
+    with_removals, removed = replay(steps, skip=set())
+    never_pushed, _ = replay(steps, skip=removed)
     assert len(removed) > 500
     assert with_removals == never_pushed
