@@ -202,7 +202,9 @@ def _slug(text: str) -> str:
 def _curve_plot(
     path: Path, title: str, curves: Curves, x_key: str, y_key: str, xlabel: str, ylabel: str, mode: str
 ) -> Path:
-    fig = Figure(figsize=(7, 4.5), layout="constrained")
+    # Fixed margins: a layout engine would draw every figure twice.
+    fig = Figure(figsize=(7, 4.5))
+    fig.subplots_adjust(left=0.11, right=0.97, top=0.92, bottom=0.12)
     ax = fig.add_subplot()
     for policy, records in curves.items():
         pts = [(r[x_key] if x_key != "load" else load_of(r), r[y_key]) for r in records]
@@ -217,6 +219,9 @@ def _curve_plot(
             ax.plot([x], [r[y_key]], marker="*", markersize=14, color=line.get_color(), linestyle="none")
     if x_key == "load" and mode == "closed":
         ax.set_xscale("log", base=2)
+        loads = sorted({load_of(r) for records in curves.values() for r in records})
+        ax.set_xticks(loads, [f"{v:g}" for v in loads])
+        ax.minorticks_off()
     ax.set_title(title)
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
@@ -232,7 +237,8 @@ def _fairness_plot(path: Path, title: str, curves: Curves) -> Path | None:
     if not top:
         return None
     tenants = sorted({t for r in top.values() for t in r["per_tenant"]})
-    fig = Figure(figsize=(11, 4.5), layout="constrained")
+    fig = Figure(figsize=(11, 4.5))
+    fig.subplots_adjust(left=0.07, right=0.98, top=0.84, bottom=0.1, wspace=0.22)
     left, right = fig.subplots(1, 2)
     width = 0.8 / len(top)
     for k, (policy, r) in enumerate(top.items()):

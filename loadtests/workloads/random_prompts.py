@@ -53,8 +53,8 @@ class RandomWorkload:
         high = max(low, round(self.prompt_tokens * (1 + self.length_jitter)))
         for i in range(self.n_requests):
             tokens = rng.randint(low, high) if high > low else low
-            # The tag makes the first block unique; "Req", the number's pieces and "." are its tokens.
-            tag_tokens = 2 + word_tokens(str(i))
+            # The tag makes the first block unique; "Req", " <i>" and "." are its tokens.
+            tag_tokens = 2 + word_tokens(str(i), leading_space=True)
             prompt = f"Req {i}." + self._text.text(rng, max(0, tokens - tag_tokens), leading_space=True)
             yield RequestSpec(
                 request_id=f"rnd-{i}",

@@ -1,10 +1,11 @@
 """Deterministic English-like text of a given length in tokens.
 
-Token counting follows GPT-style pre-tokenizers (and the simulator's tokenizer): a run of letters is
-cut into pieces of at most 5 letters, the first carrying the word's leading space, each piece one token;
-a period is one token. `WordText.text(rng, n)` returns text that counts exactly `n` tokens under that
-rule, at about 4 characters per token (the gateway's byte estimate) for the built-in vocabulary. Real
-tokenizers differ by a few percent; the workloads' token figures are these counts.
+Token counting follows GPT-style pre-tokenizers (and the simulator's tokenizer): a word with its
+leading space is cut into pieces of at most 6 bytes, each piece one token (so " cache" is one token,
+" server" two, and "server" without a space one); a period is one token. `WordText.text(rng, n)`
+returns text that counts exactly `n` tokens under that rule, at about 4 characters per token (the
+gateway's byte estimate) for the built-in vocabulary. Real tokenizers differ by a few percent; the
+workloads' token figures are these counts.
 
 `WordText` is immutable after construction and safe to share; all randomness comes from the
 `random.Random` passed to each call, so equal seeds give equal text.
@@ -40,12 +41,12 @@ VOCABULARY: tuple[str, ...] = (
     "sure", "true", "wise", "fair", "rich", "poor", "safe", "late", "early", "quiet", "sharp", "clear",
 )  # fmt: skip
 
-LETTERS_PER_TOKEN = 5  # longest run of letters in one pre-token piece, as in the simulator's tokenizer
+TOKEN_BYTES = 6  # longest pre-token piece, as in the simulator's tokenizer
 
 
-def word_tokens(word: str) -> int:
-    """Tokens for one ASCII word, with or without its leading space: ceil(letters / 5)."""
-    return -(-len(word) // LETTERS_PER_TOKEN)
+def word_tokens(word: str, *, leading_space: bool = True) -> int:
+    """Tokens for one ASCII word: ceil(bytes / 6), its leading space (if any) counted."""
+    return -(-(len(word) + leading_space) // TOKEN_BYTES)
 
 
 class WordText:
@@ -86,6 +87,8 @@ class WordText:
             i = int(rng.random() * n)
             word, cost = words[i], costs[i]
             first = not parts and not leading_space
+            if first:
+                cost = word_tokens(word, leading_space=False)
             if cost > remaining:
                 word, cost = short[int(rng.random() * len(short))], 1
             if capitalize:

@@ -5,21 +5,23 @@ import random
 import pytest
 
 from loadtests.workloads.text import WordText, word_tokens
+from tests.loadtests.workloads.tokens import count_tokens
 
 
 @pytest.mark.parametrize(
-    ("word", "tokens"), [("a", 1), ("cache", 1), ("server", 2), ("gravity", 2), ("abcdefghijk", 3)]
+    ("word", "space", "tokens"),
+    [
+        ("a", True, 1),
+        ("cache", True, 1),
+        ("server", True, 2),
+        ("server", False, 1),
+        ("gravity", False, 2),
+        ("abcdefghijk", True, 2),
+        ("abcdefghijkl", True, 3),
+    ],
 )
-def test_word_tokens(word: str, tokens: int) -> None:
-    assert word_tokens(word) == tokens
-
-
-def count_tokens(text: str) -> int:
-    """Independent count of the documented rule: runs of letters in pieces of <= 5, periods 1 each."""
-    total = 0
-    for part in text.replace(".", " . ").split():
-        total += 1 if part == "." else -(-len(part) // 5)
-    return total
+def test_word_tokens(word: str, space: bool, tokens: int) -> None:
+    assert word_tokens(word, leading_space=space) == tokens
 
 
 @pytest.mark.parametrize("tokens", [0, 1, 2, 3, 7, 16, 100, 2048])
