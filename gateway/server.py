@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import signal
 import socket
 from collections.abc import Generator
 from typing import Any
@@ -89,8 +90,17 @@ class GatewayServer:
         await self._task
 
 
+def _exit_cleanly(signum: int, frame: object) -> None:
+    raise SystemExit(0)
+
+
 def serve_forever(config: Config, host: str, port: int) -> None:
-    """Blocking: run kvgate until SIGINT/SIGTERM (uvicorn handles the signals)."""
+    """Blocking: run kvgate until SIGINT/SIGTERM, then return normally.
+
+    uvicorn shuts down gracefully on either signal and then re-raises it with the previous handlers
+    back in place; those handlers turn it into a normal return here, so callers' `finally` blocks run
+    (`kvgate up` stops its simulated fleet there).
+    """
     loop = "uvloop"
     try:
         import uvloop  # noqa: F401
@@ -110,4 +120,13 @@ def serve_forever(config: Config, host: str, port: int) -> None:
             backlog=2048,
         )
     )
-    server.run()
+    previous = signal.signal(signal.SIGTERM, _exit_cleanly)
+    try:
+        server.run()
+    except KeyboardInterrupt:
+        pass
+    except SystemExit as exc:
+        if exc.code not in (0, None):
+            raise
+    finally:
+        signal.signal(signal.SIGTERM, previous)

@@ -123,8 +123,18 @@ def test_fuzz_random_bytes_never_crash(raw: bytes) -> None:
 @given(
     body=st.dictionaries(
         st.sampled_from(
-            ["model", "messages", "prompt", "max_tokens", "max_completion_tokens", "n", "stream",
-             "stream_options", "priority", "temperature"]
+            [
+                "model",
+                "messages",
+                "prompt",
+                "max_tokens",
+                "max_completion_tokens",
+                "n",
+                "stream",
+                "stream_options",
+                "priority",
+                "temperature",
+            ]
         ),
         json_values,
     )

@@ -1,0 +1,149 @@
+"""The `kvgate` command line: hash-key, check-config, and `kvgate up` end to end."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from gateway.cli import main
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def test_hash_key_from_argument_and_stdin(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert main(["hash-key", "s3cret"]) == 0
+    expected = "sha256:" + hashlib.sha256(b"s3cret").hexdigest()
+    assert capsys.readouterr().out.strip() == expected
+    import io
+
+    monkeypatch.setattr(sys, "stdin", io.StringIO("s3cret\n"))
+    assert main(["hash-key"]) == 0
+    assert capsys.readouterr().out.strip() == expected
+
+
+def test_hash_key_new_prints_a_key_and_its_hash(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["hash-key", "--new"]) == 0
+    key_line, hash_line = capsys.readouterr().out.strip().splitlines()
+    key = key_line.split()[-1]
+    assert hash_line.split()[-1] == "sha256:" + hashlib.sha256(key.encode()).hexdigest()
+
+
+def test_check_config_ok_and_invalid(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["check-config", str(ROOT / "config" / "fleet.example.yaml")]) == 0
+    assert "ok" in capsys.readouterr().out
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("fleet: {scrape_interval_s: -1}\nscheduling: {profile: nope}\n")
+    assert main(["check-config", str(bad)]) == 1
+    assert "fleet.scrape_interval_s" in capsys.readouterr().err
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.mark.timeout(90)
+def test_kvgate_up_serves_a_simulated_fleet_and_stops_on_ctrl_c() -> None:
+    port = free_port()
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "gateway.cli",
+            "up",
+            "--port",
+            str(port),
+            "--replicas",
+            "2",
+            "--profile",
+            "tiny",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    try:
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 60
+        ready = False
+        while time.monotonic() < deadline and not ready:
+            try:
+                ready = httpx.get(url + "/ready", timeout=1).status_code == 200
+            except httpx.HTTPError:
+                time.sleep(0.2)
+        assert ready, "kvgate up did not become ready"
+        r = httpx.post(
+            url + "/v1/chat/completions",
+            json={"model": "tiny-llama", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3},
+            timeout=10,
+        )
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 3
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=30)
+        assert proc.returncode == 0, out
+        assert f"kvgate is listening on {url}" in out and "curl" in out and "OpenAI(" in out
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.mark.timeout(90)
+def test_kvgate_up_stops_its_fleet_on_sigterm() -> None:
+    port = free_port()
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "gateway.cli",
+            "up",
+            "--port",
+            str(port),
+            "--replicas",
+            "1",
+            "--profile",
+            "tiny",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        cwd=ROOT,
+    )
+    try:
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 60
+        sim_url = None
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(url + "/ready", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.2)
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=30)
+        assert proc.returncode == 0, out
+        sim_url = next(
+            line.strip()
+            for line in out.splitlines()
+            if line.strip().startswith("http://127.0.0.1:") and not line.strip().startswith(url)
+        )
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    with pytest.raises(httpx.HTTPError):
+        httpx.get(sim_url + "/health", timeout=2)

@@ -1,0 +1,23 @@
+"""Every example config in config/ loads, passes the semantic checks, and says something real."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from gateway.config import load_config
+from gateway.config_check import check_semantics
+
+EXAMPLES = sorted((Path(__file__).resolve().parents[1] / "config").glob("*.yaml"))
+
+
+def test_there_are_examples() -> None:
+    assert len(EXAMPLES) >= 2
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
+def test_example_loads(path: Path) -> None:
+    config = load_config(path)
+    check_semantics(config)
+    assert config.replicas or config.simulator.replicas >= 1
