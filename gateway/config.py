@@ -161,6 +161,8 @@ class StateConfig(_Strict):
     timeout_s: float = Field(0.05, gt=0)
     key_prefix: str = "kvgate:"
     gateways: int = Field(1, ge=1)  # fail-open share: each gateway gets 1/gateways of a limit
+    probe_min_s: float = Field(0.25, gt=0)  # while Redis is down: first re-probe after this...
+    probe_max_s: float = Field(5.0, gt=0)  # ...doubling up to this
 
     @field_validator("store")
     @classmethod

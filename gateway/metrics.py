@@ -97,6 +97,57 @@ class GatewayMetrics:
             "kvgate_client_disconnects", "Clients that went away before the answer ended.", registry=r
         )
         self.in_flight = Gauge("kvgate_requests_in_flight", "Requests being answered right now.", registry=r)
+        self._tenant_metrics(r)
+
+    def _tenant_metrics(self, r: CollectorRegistry) -> None:
+        """Tenants, rate limits and flow control. Queue depth, bucket levels and per-tenant in-flight
+        counts are gauges computed at scrape time (`add_callback`) by the tenancy layer."""
+        self.admissions = Counter(
+            "kvgate_admissions",
+            "Requests admitted, by tenant, band and path (direct: the pool had room; queued: waited).",
+            ["tenant", "band", "path"],
+            registry=r,
+        )
+        self.rejections = Counter(
+            "kvgate_rejections",
+            "Requests refused by tenancy or flow control, by tenant and reason (unauthenticated, "
+            "model_not_allowed, bad_priority, concurrency, rate_limit_requests, rate_limit_tokens, "
+            "too_large, store_unavailable, shed, queue_full, tenant_queue_full, queue_timeout).",
+            ["tenant", "reason"],
+            registry=r,
+        )
+        self.queue_wait = Histogram(
+            "kvgate_queue_wait_seconds",
+            "Time requests spent in the admission queue, by band and how they left it "
+            "(dispatched, timeout, cancelled). Requests that never queued are not observed.",
+            ["band", "outcome"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.tokens_charged = Counter(
+            "kvgate_tenant_tokens_charged",
+            "Tokens charged to each tenant's token bucket after settling (real usage, or the "
+            "documented estimate when the replica sent none).",
+            ["tenant"],
+            registry=r,
+        )
+        self.store_errors = Counter(
+            "kvgate_state_store_errors",
+            "Failed calls to the rate limit state store (Redis), by operation.",
+            ["op"],
+            registry=r,
+        )
+        self.store_up = Gauge(
+            "kvgate_state_store_up",
+            "1 while the rate limit store (Redis) answers; 0 while its failure mode applies.",
+            registry=r,
+        )
+        self.settles_dropped = Counter(
+            "kvgate_state_settles_dropped",
+            "Settles of Redis reservations dropped because Redis was unreachable (the reservation "
+            "stays charged).",
+            registry=r,
+        )
 
     def add_callback(self, produce: Callable[[], Iterable[Metric]]) -> None:
         self.registry.register(_CallbackCollector(produce))

@@ -1,0 +1,46 @@
+"""Where tenants' token-bucket state lives: `memory://` (one process) or `redis://` (shared).
+
+`build_store` turns `state:` config into the store the rate limiter calls; the arithmetic itself is
+`policies.token_bucket` in both cases.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from gateway.config import StateConfig
+from gateway.metrics import GatewayMetrics
+from gateway.stores.base import Bucket, BucketKind, BucketStore, Level, StoreUnavailable, Take
+from gateway.stores.memory import MemoryBucketStore
+
+__all__ = [
+    "Bucket",
+    "BucketKind",
+    "BucketStore",
+    "Level",
+    "MemoryBucketStore",
+    "StoreUnavailable",
+    "Take",
+    "build_store",
+]
+
+
+def build_store(state: StateConfig, metrics: GatewayMetrics, clock: Callable[[], float]) -> BucketStore:
+    """The store `state.store` names. A Redis store comes wrapped in the fail-open/closed policy."""
+    if state.store == "memory://":
+        metrics.store_up.set(1)
+        return MemoryBucketStore(clock)
+    from gateway.stores.redis_store import RedisBucketStore
+    from gateway.stores.resilient import LOCAL, ResilientStore
+
+    remote = RedisBucketStore.from_url(state.store, key_prefix=state.key_prefix, timeout_s=state.timeout_s)
+    return ResilientStore(
+        remote,
+        MemoryBucketStore(clock, source=LOCAL),
+        fail_open=state.on_store_error == "open",
+        share=1.0 / state.gateways,
+        timeout_s=state.timeout_s,
+        probe_min_s=state.probe_min_s,
+        probe_max_s=state.probe_max_s,
+        metrics=metrics,
+    )
