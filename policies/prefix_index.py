@@ -7,12 +7,16 @@ comes from the replica's real KV cache (`capacity_blocks`), so the index forgets
 replica would and its memory stays bounded whatever the traffic.
 
 Structure: each replica gets a slot (a bit); `_owners` maps a key to the bitmask of slots holding it,
-and each replica has an OrderedDict LRU of its keys. `match` walks the request's keys once, AND-ing
-masks, and notes where each replica drops out: O(len(keys)), independent of the replica count.
+and each replica has an OrderedDict LRU of its keys.
 
-Keys are recorded last block first, so a request's leading blocks are the most recent and the LRU
-drops tails before heads, as vLLM frees a sequence's blocks tail first. A tail without its head is
-useless to `match`, which stops at the first missing block.
+The prefix invariant. Keys are chained (key i names the whole prefix up to block i), `record` takes a
+prompt's leading keys and inserts them last block first, so within any one chain a leading key is
+always at least as recent as every key after it, and LRU eviction removes a chain's tail before its
+head (as vLLM frees a sequence's blocks tail first). Hence what a replica holds of any chain is a
+prefix of it: if it holds key i it holds keys 0..i. `match` relies on this to bisect instead of
+walking every key; it holds for every sequence of `record`, `set_capacity`, `remove_replica` and
+`clear` calls as long as each `record` gets a prompt's leading keys from `policies.prefix` (barring
+64-bit hash collisions).
 
 Memory: about 150 bytes per (replica, key) entry plus ~100 bytes per distinct key on CPython 3.11,
 (measured by `loadtests.decision_bench`); `estimated_bytes()` gives the figure for the current
@@ -39,6 +43,9 @@ def capacity_blocks(num_gpu_blocks: int, engine_block_size: int, index_block_tok
     return max(0, num_gpu_blocks) * max(0, engine_block_size) // index_block_tokens
 
 
+_MASK_CACHE = 64  # candidate pools whose slot masks are remembered
+
+
 class PrefixIndex:
     """Per-replica LRUs of block keys with an O(len(keys)) leading-block match.
 
@@ -52,11 +59,14 @@ class PrefixIndex:
         self._default_capacity = default_capacity
         self._owners: dict[int, int] = {}  # key -> bitmask of slots believed to hold it
         self._slots: dict[str, int] = {}  # replica -> slot
-        self._names: list[str | None] = []  # slot -> replica (None = free)
+        self._names: list[str] = []  # slot -> replica ("" = free; a free slot's bit is in no mask)
         self._bits: list[int] = []  # slot -> 1 << slot; shared objects, so one-owner keys cost no int
         self._lrus: list[OrderedDict[int, None]] = []  # slot -> keys, least recent first
         self._capacity: list[int] = []  # slot -> capacity in index blocks
         self._free: list[int] = []  # free slots, reused so masks stay narrow
+        # Candidate list -> mask of their slots. The gateway asks about the same pools over and over;
+        # cleared whenever a slot changes hands, and when it grows past _MASK_CACHE entries.
+        self._pool_masks: dict[tuple[str, ...], int] = {}
 
     # -- capacity and membership -------------------------------------------------------------------
 
@@ -87,9 +97,10 @@ class PrefixIndex:
             else:
                 del owners[key]
         self._lrus[slot] = OrderedDict()
-        self._names[slot] = None
+        self._names[slot] = ""
         self._capacity[slot] = 0
         self._free.append(slot)
+        self._pool_masks.clear()
 
     def clear(self) -> None:
         """Forget every key; replicas keep their slots and capacities."""
@@ -124,40 +135,57 @@ class PrefixIndex:
             self._evict(slot)
 
     def match(self, keys: Sequence[int], replicas: Iterable[str]) -> dict[str, int]:
-        """For each of `replicas`, how many of `keys`' leading blocks it is believed to hold.
+        """How many of `keys`' leading blocks each of `replicas` is believed to hold.
 
-        Counting stops at the first key a replica lacks. Replicas the index does not know get 0.
-        Cost: one dict lookup per key until no candidate holds the next one.
+        `keys` are one prompt's chained block keys (`policies.prefix`), in order. The result is
+        sparse: it names only the replicas that hold at least the first block; every other replica
+        holds none (read it with `.get(name, 0)`). A replica's count stops at the first key it lacks.
+
+        Cost: the set of candidates holding key i can only shrink as i grows (see the class
+        docstring), so the index bisects for the points where it shrinks instead of walking every
+        key: about (distinct drop-out points) x log2(len(keys)) dict lookups, and never more than
+        len(keys), whatever the number of replicas. This matters because each lookup in a large
+        index is a few cache misses.
         """
-        result = dict.fromkeys(replicas, 0)
-        slots = self._slots
-        mask = 0
-        for name in result:
-            slot = slots.get(name)
-            if slot is not None:
-                mask |= self._bits[slot]
-        if not mask or not keys:
+        result: dict[str, int] = {}
+        if not keys:
             return result
+        pool = replicas if isinstance(replicas, tuple) else tuple(replicas)
+        mask = self._pool_masks.get(pool)
+        if mask is None:
+            mask = self._pool_mask(pool)
         get = self._owners.get
-        dropped_at: list[tuple[int, int]] = []  # (blocks held, bits of the replicas that hold that many)
-        for position, key in enumerate(keys):
-            held = get(key, 0) & mask
-            if held != mask:
-                if position:
-                    dropped_at.append((position, mask & ~held))
-                mask = held
-                if not held:
-                    break
-        if mask:
-            dropped_at.append((len(keys), mask))
+        first = get(keys[0], 0) & mask
+        if not first:
+            return result
         names = self._names
-        for count, bits in dropped_at:
-            while bits:
-                low = bits & -bits
-                bits ^= low
-                holder = names[low.bit_length() - 1]
-                if holder is not None:
-                    result[holder] = count
+        last = len(keys) - 1
+        # Holders of the last key hold them all; `& first` keeps the sets nested even if a caller
+        # broke the prefix invariant (the answer is then approximate, never out of range).
+        held_all = get(keys[last], 0) & first if last else first
+        bits = held_all
+        while bits:
+            low = bits & -bits
+            bits ^= low
+            result[names[low.bit_length() - 1]] = last + 1
+        # Intervals (lo, hi, holders of keys[lo], holders of keys[hi]) with holders(lo) > holders(hi):
+        # the difference drops out somewhere in (lo, hi]. Each index is probed at most once.
+        pending = [(0, last, first, held_all)] if first != held_all else []
+        while pending:
+            lo, hi, at_lo, at_hi = pending.pop()
+            if hi - lo == 1:
+                bits = at_lo & ~at_hi
+                while bits:
+                    low = bits & -bits
+                    bits ^= low
+                    result[names[low.bit_length() - 1]] = hi
+                continue
+            mid = (lo + hi) >> 1
+            at_mid = get(keys[mid], 0) & at_lo
+            if at_mid != at_lo:
+                pending.append((lo, mid, at_lo, at_mid))
+            if at_mid != at_hi:
+                pending.append((mid, hi, at_mid, at_hi))
         return result
 
     # -- introspection -----------------------------------------------------------------------------
@@ -201,7 +229,21 @@ class PrefixIndex:
             self._lrus.append(OrderedDict())
             self._capacity.append(self._default_capacity)
         self._slots[replica] = slot
+        self._pool_masks.clear()
         return slot
+
+    def _pool_mask(self, pool: tuple[str, ...]) -> int:
+        slots = self._slots
+        bits = self._bits
+        mask = 0
+        for name in pool:
+            slot = slots.get(name)
+            if slot is not None:
+                mask |= bits[slot]
+        if len(self._pool_masks) >= _MASK_CACHE:
+            self._pool_masks.clear()
+        self._pool_masks[pool] = mask
+        return mask
 
     def _evict(self, slot: int) -> None:
         lru = self._lrus[slot]

@@ -46,32 +46,43 @@ def canonical_chat_bytes(messages: Sequence[Any]) -> bytes:
     out: list[str] = []
     add = out.append
     for message in messages:
-        if not isinstance(message, Mapping):
+        # `type(...) is dict` first: parsed JSON is always a dict, and the Mapping ABC check is slow.
+        if type(message) is not dict and not isinstance(message, Mapping):
             add("\x00?" + type(message).__name__)
             continue
-        add("\x00R" + _field(message.get("role")))
-        name = message.get("name")
+        get = message.get
+        role = get("role")
+        # Roles and texts rarely hold \x00 or \x01: check inline (memchr) and escape only if they do.
+        if type(role) is str and _SEP not in role and _ESC not in role:
+            add("\x00R" + role)
+        else:
+            add("\x00R" + _field(role))
+        name = get("name")
         if name is not None:
-            add("\x00N" + _field(name))
-        content = message.get("content")
+            add("\x00N")
+            add(_field(name))
+        content = get("content")
         if isinstance(content, str):
-            add("\x00T" + _escaped(content))
+            add("\x00T")
+            # Appended, not concatenated: a long text is copied once, by the join.
+            add(content if _SEP not in content and _ESC not in content else _escaped(content))
         elif isinstance(content, list):
             for part in content:
                 _add_part(add, part)
         elif content is not None:
             add("\x00?" + type(content).__name__)
-        tool_calls = message.get("tool_calls")
-        if isinstance(tool_calls, list):
+        tool_calls = get("tool_calls")
+        if tool_calls and isinstance(tool_calls, list):
             for call in tool_calls:
                 function = call.get("function") if isinstance(call, Mapping) else None
                 if isinstance(function, Mapping):
                     add("\x00F" + _field(function.get("name")) + "\x00A" + _field(function.get("arguments")))
                 else:
                     add("\x00F?")
-        tool_call_id = message.get("tool_call_id")
+        tool_call_id = get("tool_call_id")
         if tool_call_id is not None:
-            add("\x00I" + _field(tool_call_id))
+            add("\x00I")
+            add(_field(tool_call_id))
     return "".join(out).encode("utf-8", "surrogatepass")
 
 
@@ -124,12 +135,13 @@ def _field(value: Any) -> str:
 
 
 def _add_part(add: Callable[[str], object], part: Any) -> None:
-    if not isinstance(part, Mapping):
+    if type(part) is not dict and not isinstance(part, Mapping):
         add("\x00?" + type(part).__name__)
         return
     kind = part.get("type")
     if kind == "text":
-        add("\x00T" + _field(part.get("text")))
+        add("\x00T")
+        add(_field(part.get("text")))
         return
     add("\x00X" + _field(kind) + "\x00H" + _payload_hash(part.get(kind) if isinstance(kind, str) else None))
 

@@ -44,4 +44,4 @@ class LoadGuardFilter:
         limit = least + max(self.abs_slack, self.rel_slack * least)
         if max(loads) <= limit:
             return candidates
-        return [r for r, load in zip(candidates, loads, strict=True) if load <= limit]
+        return [r for r, load in zip(candidates, loads) if load <= limit]  # noqa: B905 - same length

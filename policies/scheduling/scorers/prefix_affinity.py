@@ -20,7 +20,7 @@ class PrefixAffinityScorer:
 
     def score(self, ctx: SchedulingContext, candidates: Sequence[ReplicaState]) -> Sequence[float]:
         blocks = ctx.prefix_blocks
-        if blocks <= 0:
+        if blocks <= 0 or not ctx.prefix_match:  # a cold prompt: nobody holds its first block
             return [0.0] * len(candidates)
         get = ctx.prefix_match.get
         return [get(r.name, 0) / blocks for r in candidates]

@@ -69,6 +69,38 @@ def test_total_is_the_weighted_sum_and_the_best_wins() -> None:
 
 
 @pytest.mark.parametrize(
+    ("tables", "totals"),
+    [
+        # a constant column (same score for everyone) still counts in every total
+        ([({"a": 0.5, "b": 0.5, "c": 0.5}, 2.0), ({"a": 1.0}, 1.0)], {"a": 2.0, "b": 1.0, "c": 1.0}),
+        ([({"a": 1.0}, 1.0), ({"a": 0.5, "b": 0.5, "c": 0.5}, 2.0)], {"a": 2.0, "b": 1.0, "c": 1.0}),
+        ([({"a": 7.0, "b": 7.0, "c": 7.0}, 3.0)], {"a": 3.0, "b": 3.0, "c": 3.0}),  # clamped to 1
+        ([({}, 3.0), ({"a": -1.0, "b": -1.0, "c": -1.0}, 3.0)], {"a": 0.0, "b": 0.0, "c": 0.0}),
+    ],
+)
+def test_constant_columns_count_too(
+    tables: list[tuple[dict[str, float], float]], totals: dict[str, float]
+) -> None:
+    p = profile(*[(FixedScorer(f"s{i}", t), w) for i, (t, w) in enumerate(tables)])
+    d = p.schedule(context(), CANDIDATES, random.Random(0), explain=True)
+    assert d.total == totals
+    assert d.scores["b"] == {f"s{i}": min(1.0, max(0.0, t.get("b", 0.0))) for i, (t, _) in enumerate(tables)}
+
+
+def test_a_scorer_returning_the_wrong_count_is_a_bug() -> None:
+    @dataclass(frozen=True)
+    class Short:
+        name: str = "short"
+
+        def score(self, ctx: SchedulingContext, candidates: Sequence[ReplicaState]) -> Sequence[float]:
+            return [1.0]
+
+    p = SchedulingProfile([], [WeightedScorer(Short(), 1.0)], MaxScorePicker())
+    with pytest.raises(ValueError, match="'short' returned 1 scores for 3 candidates"):
+        p.schedule(context(), CANDIDATES, random.Random(0))
+
+
+@pytest.mark.parametrize(
     ("raw", "clamped"),
     [(-1.0, 0.0), (2.5, 1.0), (math.nan, 0.0), (0.25, 0.25), (math.inf, 1.0), (-math.inf, 0.0)],
 )
