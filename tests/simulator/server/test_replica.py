@@ -38,7 +38,7 @@ async def test_a_repeated_long_prompt_hits_the_prefix_cache() -> None:
 async def test_a_full_kv_cache_queues_and_preempts() -> None:
     async with SimFleet(profile="tiny", kv_blocks=64, time_scale=0.5) as fleet, \
             httpx.AsyncClient(base_url=fleet.urls[0], timeout=30) as client:
-        prompt = "word " * 200
+        prompt = "word " * 200  # distinct first blocks below: no prefix sharing between the requests
         waiting_seen = 0.0
 
         async def watch() -> None:
@@ -49,7 +49,8 @@ async def test_a_full_kv_cache_queues_and_preempts() -> None:
 
         watcher = asyncio.ensure_future(watch())
         responses = await asyncio.gather(*(
-            client.post("/v1/completions", json={"prompt": prompt, "max_tokens": 150}) for _ in range(8)))
+            client.post("/v1/completions", json={"prompt": f"{i} {prompt}", "max_tokens": 150})
+            for i in range(8)))
         watcher.cancel()
         assert [r.status_code for r in responses] == [200] * 8
         assert all(r.json()["usage"]["completion_tokens"] == 150 for r in responses)
