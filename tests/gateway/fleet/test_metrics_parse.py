@@ -310,13 +310,13 @@ _LINE = st.tuples(_NAMES, st.text(max_size=40), st.text(max_size=12)).map(
 )
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=150, deadline=None)
 @given(st.lists(st.one_of(_LINE, st.sampled_from(prefilter(LORA_PAGE))), max_size=12))
 def test_fuzz_lines_of_read_families(lines: list[str]) -> None:
     parses_or_refuses(MetricsParser(), "\n".join(lines))
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(st.integers(0, len(LORA_PAGE)), st.integers(0, len(LORA_PAGE)), st.text(max_size=3))
 def test_fuzz_truncated_and_spliced_real_page(cut: int, at: int, junk: str) -> None:
     parser = MetricsParser()

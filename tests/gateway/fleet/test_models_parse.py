@@ -60,11 +60,11 @@ _JSON = st.recursive(
     st.none() | st.booleans() | st.integers() | st.text(max_size=8),
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(
         st.sampled_from(["id", "parent", "data", "object"]), inner, max_size=4),
-    max_leaves=12,
+    max_leaves=6,
 )
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=150, deadline=None)
 @given(st.one_of(st.binary(max_size=64), _JSON.map(lambda doc: json.dumps(doc).encode())))
 def test_fuzz(body: bytes) -> None:
     try:

@@ -1,0 +1,248 @@
+"""gateway/fleet/scraper.py over real loopback HTTP (a fake replica server), respx for edge cases."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import AsyncIterator, Callable
+
+import httpx
+import pytest
+import respx
+
+from gateway.config import FleetConfig, ReplicaConfig
+from gateway.fleet.scraper import FleetScraper, build_client
+from gateway.fleet.state import FleetChange, FleetState
+from tests.gateway.fleet.fake_replica import FakeReplica
+
+FAST = FleetConfig(
+    scrape_interval_s=0.05, scrape_timeout_s=0.5, stale_after_s=1.0,
+    health_interval_s=1000.0, health_timeout_s=0.5,  # health checks out of the way unless asked for
+    eject_after_failures=2, eject_backoff_s=0.05, eject_backoff_max_s=0.2,
+    models_poll_interval_s=1000.0,
+)
+Log = list[tuple[str, str, object]]
+
+
+def fleet_tasks() -> list[asyncio.Task[object]]:
+    return [t for t in asyncio.all_tasks() if t.get_name().startswith("kvgate-fleet")]
+
+
+class Observer:
+    """Records scrapes (and, as a listener, state changes) in one ordered log; `until` waits on it."""
+
+    def __init__(self) -> None:
+        self.log: Log = []
+        self._news = asyncio.Event()
+
+    def scrape_finished(self, replica: str, duration_s: float, error: str | None) -> None:
+        assert duration_s >= 0
+        self.log.append(("scrape", replica, error))
+        self._news.set()
+
+    def __call__(self, replica: str, change: FleetChange) -> None:
+        self.log.append(("change", replica, change))
+        self._news.set()
+
+    async def until(self, condition: Callable[[], bool], timeout: float = 5.0) -> None:
+        """Wait (bounded) for a condition that a scrape or a state change will make true."""
+        async with asyncio.timeout(timeout):
+            while not condition():
+                self._news.clear()
+                await self._news.wait()
+
+
+@pytest.fixture
+async def two_replicas() -> AsyncIterator[tuple[FakeReplica, FakeReplica]]:
+    async with FakeReplica() as a, FakeReplica() as b:
+        yield a, b
+
+
+async def scraping(
+    replicas: tuple[FakeReplica, ...], fleet: FleetConfig = FAST
+) -> tuple[FleetState, FleetScraper, Observer, httpx.AsyncClient]:
+    state = FleetState([ReplicaConfig(url=r.url, model="tiny-llama", name=f"r{i}")
+                        for i, r in enumerate(replicas)], fleet)
+    observer = Observer()
+    state.add_listener(observer)
+    client = build_client(fleet, len(replicas))
+    scraper = FleetScraper(state, fleet, client, rng=random.Random(7), observer=observer)
+    await scraper.start()
+    return state, scraper, observer, client
+
+
+async def test_start_polls_once_then_stop_leaves_no_tasks(
+    two_replicas: tuple[FakeReplica, FakeReplica],
+) -> None:
+    state, scraper, _, client = await scraping(two_replicas)
+    try:
+        snap = state.snapshot()  # populated as soon as start() returns
+        assert [(r.running, r.waiting, r.block_size, r.num_gpu_blocks) for r in snap.replicas] == [
+            (8, 16, 128, 16384), (8, 16, 128, 16384)]
+        assert state.pool_of("lora-a") == ("tiny-llama", "lora-a")
+        assert state.kv_capacity_tokens("r0") == 2_097_152
+        assert all(r.healthy and r.scraped_at is not None for r in snap.replicas)
+        assert fleet_tasks()  # the three loops
+    finally:
+        await scraper.stop()
+        await client.aclose()
+    assert fleet_tasks() == []
+
+
+async def test_scrapes_keep_coming_and_bring_fresh_numbers(
+    two_replicas: tuple[FakeReplica, FakeReplica],
+) -> None:
+    a, _ = two_replicas
+    state, scraper, observer, client = await scraping(two_replicas)
+    try:
+        a.metrics_text = a.metrics_text.replace(
+            'vllm:num_requests_running{engine="0",model_name="tiny-llama"} 8.0',
+            'vllm:num_requests_running{engine="0",model_name="tiny-llama"} 3.0')
+        await observer.until(lambda: state.snapshot().replicas[0].running == 3)
+        await observer.until(lambda: scraper.stats("r1").scrapes >= 5)
+        stats = scraper.stats("r1")
+        assert stats.failures == 0 and stats.last_error is None
+        assert stats.last_duration_s is not None and stats.last_duration_s > 0
+        assert state.snapshot().replicas[1].running == 8
+    finally:
+        await scraper.stop()
+        await client.aclose()
+
+
+async def test_killed_replica_is_ejected_by_its_first_failed_scrape(
+    two_replicas: tuple[FakeReplica, FakeReplica],
+) -> None:
+    a, b = two_replicas
+    state, scraper, observer, client = await scraping(two_replicas)
+    try:
+        await observer.until(lambda: scraper.stats("r0").scrapes >= 2)
+        await a.stop()
+        await observer.until(lambda: not state.snapshot().replicas[0].healthy)
+        r0 = [(kind, what) for kind, name, what in observer.log if name == "r0"]
+        first_failure = next(i for i, e in enumerate(r0) if e[0] == "scrape" and e[1] is not None)
+        # the ejection came with the very first failed scrape, i.e. within one scrape interval
+        assert r0[first_failure] == ("scrape", "connect")
+        assert r0[first_failure - 1] == ("change", FleetChange.HEALTH)
+        assert state.snapshot().replicas[1].healthy
+
+        await a.start()  # the same port again: back in rotation after its backoff
+        await observer.until(lambda: state.snapshot().replicas[0].healthy)
+        assert b.hits["metrics"] > 0
+    finally:
+        await scraper.stop()
+        await client.aclose()
+
+
+async def test_failing_health_check_ejects_and_good_one_readmits(
+    two_replicas: tuple[FakeReplica, FakeReplica],
+) -> None:
+    a, _ = two_replicas
+    fleet = FAST.model_copy(update={"health_interval_s": 0.05})
+    state, scraper, observer, client = await scraping(two_replicas, fleet)
+    try:
+        a.health_status = 503
+        await observer.until(lambda: not state.snapshot().replicas[0].healthy)
+        scrapes_while_out = scraper.stats("r0").scrapes
+        await observer.until(lambda: scraper.stats("r0").scrapes >= scrapes_while_out + 5)
+        assert not state.snapshot().replicas[0].healthy  # good scrapes do not override /health
+        a.health_status = 200
+        await observer.until(lambda: state.snapshot().replicas[0].healthy)
+        health = [what for kind, name, what in observer.log
+                  if name == "r0" and kind == "change" and isinstance(what, FleetChange)
+                  and what & FleetChange.HEALTH]
+        assert len(health) == 2
+    finally:
+        await scraper.stop()
+        await client.aclose()
+
+
+async def test_models_poll_picks_up_a_new_adapter(two_replicas: tuple[FakeReplica, FakeReplica]) -> None:
+    _, b = two_replicas
+    fleet = FAST.model_copy(update={"models_poll_interval_s": 0.05})
+    state, scraper, observer, client = await scraping(two_replicas, fleet)
+    try:
+        assert state.pool_of("lora-c") is None
+        b.models_body = b.models_body.replace(b'"id":"lora-b"', b'"id":"lora-c"')
+        await observer.until(lambda: state.pool_of("lora-c") is not None)
+        assert state.pool_of("lora-c") == ("tiny-llama", "lora-c")
+        assert "lora-c" in state.snapshot().replicas[1].adapters
+    finally:
+        await scraper.stop()
+        await client.aclose()
+
+
+async def test_hung_replica_does_not_hold_back_the_others(
+    two_replicas: tuple[FakeReplica, FakeReplica],
+) -> None:
+    a, _ = two_replicas
+    state, scraper, observer, client = await scraping(two_replicas)
+    try:
+        a.metrics_delay_s = 30.0
+        before = scraper.stats("r1").scrapes
+        await observer.until(lambda: scraper.stats("r0").last_error == "timeout")
+        # one scrape of r0 took the whole timeout (10 intervals); r1 went on meanwhile
+        assert scraper.stats("r1").scrapes >= before + 3
+        hits = a.hits["metrics"]
+        await observer.until(lambda: scraper.stats("r0").failures >= 2)
+        assert a.hits["metrics"] <= hits + 2  # at most one pending scrape per replica at a time
+        assert not state.snapshot().replicas[0].healthy  # two timeouts in a row
+    finally:
+        await scraper.stop()  # cancels the pending hung scrape
+        await client.aclose()
+    assert fleet_tasks() == []
+
+
+# -- edge cases through respx -------------------------------------------------------------------
+
+EDGE = {
+    "timeout": (httpx.ReadTimeout("slow"), "timeout", True),
+    "connect timeout": (httpx.ConnectTimeout("slow"), "timeout", True),
+    "refused": (httpx.ConnectError("refused"), "connect", False),
+    "reset": (httpx.ReadError("reset"), "broken", True),
+    "500": (httpx.Response(500, text="oops"), "status_5xx", True),
+    "404": (httpx.Response(404), "status_4xx", True),
+    "malformed page": (httpx.Response(200, text="<html>hi</html>"), "parse", True),
+    "nan gauge": (httpx.Response(200, text="vllm:num_requests_running 1\nvllm:num_requests_waiting NaN\n"
+                                            "vllm:kv_cache_usage_perc 0.1\n"), "parse", True),
+}
+
+
+@pytest.mark.parametrize(("answer", "kind", "still_healthy"), EDGE.values(), ids=EDGE.keys())
+async def test_failed_scrape_kinds(
+    answer: httpx.Response | Exception, kind: str, still_healthy: bool
+) -> None:
+    state = FleetState([ReplicaConfig(url="http://replica.test:8000", model="m")], FAST)
+    async with httpx.AsyncClient() as client:
+        scraper = FleetScraper(state, FAST, client, rng=random.Random(1))
+        with respx.mock(assert_all_called=False) as mock:
+            route = mock.get("http://replica.test:8000/metrics")
+            if isinstance(answer, httpx.Response):
+                route.return_value = answer
+            else:
+                route.side_effect = answer
+            mock.get("http://replica.test:8000/v1/models").respond(500)
+            await scraper.start()  # one scrape round, awaited
+            await scraper.stop()
+    stats = scraper.stats("replica.test:8000")
+    assert (stats.scrapes, stats.failures, stats.last_error) == (1, 1, kind)
+    replica = state.snapshot().replicas[0]
+    assert replica.healthy is still_healthy  # one soft failure is below eject_after_failures=2
+    assert replica.scraped_at is None
+
+
+async def test_failed_models_poll_keeps_the_previous_list() -> None:
+    state = FleetState([ReplicaConfig(url="http://replica.test:8000", model="tiny-llama")], FAST)
+    async with httpx.AsyncClient() as client:
+        with respx.mock() as mock:
+            mock.get("http://replica.test:8000/metrics").respond(200, text="garbage")
+            models = mock.get("http://replica.test:8000/v1/models")
+            models.respond(200, content=b'{"data":[{"id":"tiny-llama"},{"id":"x","parent":"tiny-llama"}]}')
+            first = FleetScraper(state, FAST, client)
+            await first.start()
+            await first.stop()
+            assert state.pool_of("x") == ("tiny-llama", "x")
+            models.respond(200, content=b"not json")
+            second = FleetScraper(state, FAST, client)
+            await second.start()
+            await second.stop()
+    assert state.pool_of("x") == ("tiny-llama", "x")
