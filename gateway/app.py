@@ -14,6 +14,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException
 
+from gateway.admin import register_admin_routes
 from gateway.asgi_io import Receive, Scope, Send
 from gateway.config import Config
 from gateway.errors import error_body
@@ -133,4 +134,5 @@ class KvgateApp:
             ]
             return {"object": "list", "data": data}
 
+        register_admin_routes(api, self._gw)
         return api

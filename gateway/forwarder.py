@@ -101,8 +101,10 @@ class Forwarder:
             total=None, sock_connect=timeouts.connect_s, sock_read=timeouts.response_s
         )
 
-    async def forward(self, d: Dispatch, send: Send) -> Outcome:
-        out = Outcome()
+    async def forward(self, d: Dispatch, send: Send, out: Outcome | None = None) -> Outcome:
+        """Forward `d`; `out` (optional) is filled as the request goes, so a caller whose task is
+        cancelled (client gone) still knows how far it got (status, events relayed, usage)."""
+        out = out if out is not None else Outcome()
         candidates = list(d.ranked[: 1 + self._max_retries])
         if not candidates:
             raise GatewayError(503, "no replica can serve this request right now")
@@ -235,9 +237,10 @@ class Forwarder:
             out.error_kind = "stream_timeout"
         except (aiohttp.ClientPayloadError, *_CONNECT_ERRORS):
             out.error_kind = "stream_broken"
+        finally:  # also when cancelled: settling a stream the client left needs the events relayed
+            out.usage = filt.usage
+            out.events = filt.events
         rest = filt.flush()
-        out.usage = filt.usage
-        out.events = filt.events
         if out.error_kind is None and filt.done:
             await send({"type": "http.response.body", "body": rest, "more_body": False})
         else:

@@ -38,7 +38,7 @@ class Gateway:
         self.metrics = GatewayMetrics()
         self.fleet = FleetState(config.replicas, config.fleet, clock)
         self.router = Router(config, self.rng)
-        self.tenancy = Tenancy(config)
+        self.tenancy = Tenancy(config, self.fleet, self.metrics, clock)
         self.session_header = config.scheduling.session_header.lower().encode("latin-1")
         self.fleet.add_listener(self._on_fleet_change)
         self.metrics.add_callback(self._collect_fleet_gauges)

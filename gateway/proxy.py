@@ -55,6 +55,7 @@ class ProxyEndpoint:
         model_label = "unknown"
         status = 0
         outcome: Outcome | None = None
+        progress = Outcome()  # filled by the forwarder as it goes: survives a cancelled request
         admitted: Admitted | None = None
         extra_headers: list[tuple[bytes, bytes]] = []
         watch: DisconnectWatch | None = None
@@ -77,7 +78,7 @@ class ProxyEndpoint:
             admitted = await gw.tenancy.admit(tenant, info, header(scope, b"x-kvgate-priority"))
             info = admitted.info
             extra_headers = admitted.headers
-            outcome = await self._route_and_forward(req, raw, info, admitted, send, watch)
+            outcome = await self._route_and_forward(req, raw, info, admitted, send, watch, progress)
             status = outcome.status
         except GatewayError as err:
             status = err.status
@@ -95,7 +96,7 @@ class ProxyEndpoint:
             if watch is not None:
                 watch.close()
             gw.metrics.in_flight.dec()
-        await self._account(model_label, status, t0, outcome, admitted)
+        await self._account(model_label, status, t0, outcome, admitted, progress)
 
     def _request_info(
         self, req: ParsedRequest, base: str, adapter: str | None, tenant: str, scope: Scope
@@ -125,6 +126,7 @@ class ProxyEndpoint:
         admitted: Admitted,
         send: Send,
         watch: DisconnectWatch,
+        progress: Outcome,
     ) -> Outcome:
         gw = self.gw
         t = time.perf_counter()
@@ -165,7 +167,7 @@ class ProxyEndpoint:
             on_attempt=on_attempt,
             on_attempt_end=on_attempt_end,
         )
-        return await gw.forwarder.forward(dispatch, guarded_send)
+        return await gw.forwarder.forward(dispatch, guarded_send, progress)
 
     def _upstream_body(self, req: ParsedRequest, raw: bytes, vllm_priority: int | None) -> bytes:
         """The body for the replica: untouched unless kvgate must ask for usage or set priority."""
@@ -193,6 +195,7 @@ class ProxyEndpoint:
         t0: float,
         outcome: Outcome | None,
         admitted: Admitted | None,
+        progress: Outcome,
     ) -> None:
         gw = self.gw
         m = gw.metrics
@@ -212,7 +215,7 @@ class ProxyEndpoint:
             if outcome.ended_at is not None:
                 m.e2e.labels(model).observe(outcome.ended_at - t0)
         if admitted is not None:
-            await gw.tenancy.settle(admitted, usage, outcome)
+            await gw.tenancy.settle(admitted, progress.usage, progress)
             if usage is not None:
                 tenant = admitted.info.tenant
                 m.tokens.labels(model, tenant, "prompt").inc(usage.prompt_tokens)

@@ -1,0 +1,263 @@
+"""Flow control: let a request start now, hold it in the fair queue while its pool is saturated, or
+refuse it (503 `fleet overloaded`, or 429 for a tenant's own queue limit) with a Retry-After.
+
+Per POOL (the request's base model): a `FairQueue` (strict priority between bands, weighted fair
+shares of tokens between tenants inside a band, FIFO inside a tenant), a drain-rate estimate for
+Retry-After, and a count of requests released from the queue but not yet dispatched.
+
+Room. A replica can take `replica_headroom` more requests (policies/saturation: 0 when unhealthy,
+stale, queueing more than `max_waiting_per_replica`, KV-full or at `max_in_flight_per_replica`; else
+the smaller of its in-flight room and its engine-queue room). The engine-queue room comes from the
+last scrape, so on its own it would let a burst through again and again on one stale number; each
+request kvgate sent the replica since that scrape (its in-flight count now minus at the scrape, net
+of completions) is therefore counted as having joined the engine queue until the next scrape says
+otherwise. In-flight counts are live (FleetState.dispatched runs when the forwarder starts), and the
+requests released from the queue whose tasks have not yet reached the forwarder are subtracted
+(`pending`), so one capacity event never releases more than the pool can take. Net effect: between
+two scrapes a replica gets at most `max_waiting_per_replica + 1 - waiting` new requests beyond those
+that finished, and never more than `max_in_flight_per_replica` at once. A pool with no healthy
+replica at all is not "saturated" but down: requests are not held for it (routing answers 503 at
+once instead of after a queue timeout).
+
+A request starts at once when its pool's queue is empty and there is room. Otherwise it waits in the
+queue (its band's `max_wait_s`; a band with 0, `sheddable` by default, is refused at once) until a
+capacity event releases it: a replica's fresh scrape, a finished request (FleetChange.RELEASED), a
+health change. A waiter that is cancelled (the client left) leaves the queue; if it had just been
+released, its slot is passed on to the next waiter.
+
+Single event loop; nothing here blocks. Listeners and `enter` never call back into FleetState writers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import math
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Literal
+
+from prometheus_client.core import GaugeMetricFamily, Metric
+
+from gateway.config import FlowControlConfig
+from gateway.errors import GatewayError
+from gateway.fleet.state import FleetChange, FleetState
+from gateway.metrics import GatewayMetrics
+from policies.drain_rate import DrainRate
+from policies.fair_queue import FairQueue, QueueItem
+from policies.retry_after import retry_after_from_queue
+from policies.saturation import SaturationThresholds, replica_headroom
+from policies.types import Band
+
+Path = Literal["direct", "queued"]
+_DOWN = 1 << 30  # "room" of a pool with no healthy replica: do not hold requests for it
+_DEFAULT_MAX_WAIT = {Band.CRITICAL: 30.0, Band.STANDARD: 10.0, Band.SHEDDABLE: 0.0}
+
+
+@dataclass(slots=True)
+class _Pool:
+    name: str
+    indexes: tuple[int, ...]  # positions of its replicas in the fleet snapshot
+    drain: DrainRate
+    queue: FairQueue[asyncio.Future[None]] = field(default_factory=FairQueue)
+    pending: int = 0  # released from the queue, not yet dispatched
+
+
+def _released(fut: asyncio.Future[None]) -> bool:
+    return fut.done() and not fut.cancelled() and fut.exception() is None
+
+
+class AdmissionQueue:
+    """Flow control over one FleetState. Call `enter` per request (after rate limits), and
+    `on_fleet_change` from the fleet listener."""
+
+    def __init__(
+        self,
+        cfg: FlowControlConfig,
+        stale_after_s: float,
+        fleet: FleetState,
+        metrics: GatewayMetrics,
+        clock: Callable[[], float],
+    ) -> None:
+        sat = cfg.saturation
+        self._thr = SaturationThresholds(
+            max_waiting_per_replica=sat.max_waiting_per_replica,
+            max_kv_usage=sat.max_kv_usage,
+            max_in_flight_per_replica=sat.max_in_flight_per_replica,
+            stale_after_s=stale_after_s,
+        )
+        self._cfg = cfg
+        self._max_wait = dict(_DEFAULT_MAX_WAIT)
+        for name, band in cfg.bands.items():
+            self._max_wait[Band.parse(name)] = band.max_wait_s
+        self._fleet = fleet
+        self._m = metrics
+        self._clock = clock
+        now = clock()
+        names = [r.display_name for r in fleet.replicas]
+        pools: dict[str, list[int]] = {}
+        for i, r in enumerate(fleet.replicas):
+            pools.setdefault(r.model, []).append(i)
+        self._pools = {name: _Pool(name, tuple(ix), DrainRate(now)) for name, ix in pools.items()}
+        self._replica_index = {n: i for i, n in enumerate(names)}
+        self._replica_pool = {n: self._pools[r.model] for n, r in zip(names, fleet.replicas, strict=True)}
+        self._at_scrape = [0] * len(names)  # each replica's in-flight count at its last good scrape
+        self._depth = 0
+        self._ids = itertools.count()
+        self._closed = False
+
+    # -- the request path -----------------------------------------------------------------------
+
+    async def enter(self, pool: str, tenant: str, weight: float, band: Band, cost_tokens: int) -> Path:
+        """Return when the request may be dispatched ("direct" or after waiting, "queued").
+
+        The caller must dispatch without awaiting anything else first (the release is counted as
+        `pending` only until this returns). Raises GatewayError 503 (shed, queue full, timeout) or
+        429 (the tenant's queue limit), each with Retry-After. Cancellation-safe: a cancelled waiter
+        leaves the queue.
+        """
+        p = self._pools.get(pool)
+        if p is None:
+            return "direct"  # not a pool of this fleet: routing will answer
+        now = self._clock()
+        if not p.queue and self._room(p, now, 1) > 0:
+            return "direct"
+        max_wait = self._max_wait[band]
+        if max_wait <= 0:
+            raise self._refuse(p, band, tenant, now, "shed")
+        if self._closed or self._depth >= self._cfg.max_queue:
+            raise self._refuse(p, band, tenant, now, "queue_full")
+        if self.depth_of(tenant) >= self._cfg.max_queue_per_tenant:
+            raise self._refuse(p, band, tenant, now, "tenant_queue_full")
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        item_id = str(next(self._ids))
+        # Deadlines are kept by each waiter's own timeout, not by the queue (deadline = inf).
+        p.queue.push(QueueItem(item_id, tenant, band, weight, max(0, cost_tokens), now, math.inf, fut))
+        self._depth += 1
+        self._drain(p, now)  # a more important request may go ahead of what waits, if there is room
+        outcome = "cancelled"
+        try:
+            try:
+                async with asyncio.timeout(max_wait):
+                    await fut
+            except TimeoutError:
+                if not _released(fut):
+                    outcome = "timeout"
+                    raise self._refuse(p, band, tenant, self._clock(), "queue_timeout") from None
+            outcome = "dispatched"
+            return "queued"
+        finally:
+            if _released(fut):
+                p.pending -= 1
+                if outcome != "dispatched":  # released, but the client left: pass the slot on
+                    self._drain(p, self._clock())
+            elif p.queue.remove(item_id) is not None:
+                self._depth -= 1
+            fut.cancel()
+            self._m.queue_wait.labels(band.label, outcome).observe(self._clock() - now)
+
+    def depth_of(self, tenant: str) -> int:
+        """Requests of `tenant` waiting, all pools together."""
+        return sum(p.queue.depth_of(tenant) for p in self._pools.values())
+
+    @property
+    def depth(self) -> int:
+        return self._depth
+
+    # -- capacity events ------------------------------------------------------------------------
+
+    def on_fleet_change(self, replica: str, change: FleetChange) -> None:
+        p = self._replica_pool.get(replica)
+        if p is None:
+            return
+        now = self._clock()
+        if FleetChange.RELEASED in change:
+            p.drain.observe(now)
+        if FleetChange.METRICS in change:
+            i = self._replica_index[replica]
+            self._at_scrape[i] = self._fleet.snapshot().replicas[i].in_flight
+        if p.queue:
+            self._drain(p, now)
+
+    def close(self) -> None:
+        """Refuse everything waiting (shutdown)."""
+        self._closed = True
+        for p in self._pools.values():
+            while (item := p.queue.pop()) is not None:
+                if not item.payload.done():
+                    item.payload.set_exception(GatewayError(503, "kvgate is shutting down"))
+        self._depth = 0
+
+    # -- internals ------------------------------------------------------------------------------
+
+    def _room(self, p: _Pool, now: float, enough: int) -> int:
+        """Requests the pool can take now (see the module doc), counting up to `enough` at least."""
+        replicas = self._fleet.snapshot().replicas
+        thr = self._thr
+        queue_room = thr.max_waiting_per_replica + 1
+        room = -p.pending
+        healthy = False
+        for i in p.indexes:
+            r = replicas[i]
+            healthy = healthy or r.healthy
+            h = replica_headroom(r, thr, now)
+            if h <= 0:
+                continue
+            sent = r.in_flight - self._at_scrape[i]
+            if sent > 0:
+                h = min(h, queue_room - r.waiting - sent)
+                if h <= 0:
+                    continue
+            room += h
+            if room >= enough:
+                return room
+        return room if healthy else _DOWN
+
+    def _drain(self, p: _Pool, now: float) -> None:
+        q = p.queue
+        room = self._room(p, now, len(q))
+        while room > 0:
+            item = q.pop()
+            if item is None:
+                return
+            self._depth -= 1
+            fut = item.payload
+            if fut.done():  # its waiter is already leaving
+                continue
+            fut.set_result(None)
+            p.pending += 1
+            room -= 1
+
+    def _refuse(self, p: _Pool, band: Band, tenant: str, now: float, reason: str) -> GatewayError:
+        self._m.rejections.labels(tenant, reason).inc()
+        ahead = p.queue.work_ahead(band).requests + 1
+        retry = retry_after_from_queue(
+            ahead, p.drain.requests_per_s(now), fallback_s=self._cfg.retry_after_fallback_s
+        )
+        headers = ((b"retry-after", str(retry).encode()),)
+        if reason == "tenant_queue_full":
+            return GatewayError(
+                429,
+                f"Too many requests of tenant '{tenant}' are waiting for capacity "
+                f"(limit {self._cfg.max_queue_per_tenant}). Please try again in {retry}s.",
+                code="queue_limit_exceeded",
+                headers=headers,
+            )
+        detail = {
+            "shed": f"{band.label} requests are not queued while the fleet is saturated",
+            "queue_full": "the admission queue is full",
+            "queue_timeout": f"no capacity freed up within {self._max_wait[band]:g}s",
+        }[reason]
+        return GatewayError(
+            503, f"fleet overloaded: {detail}. Please try again in {retry}s.", headers=headers
+        )
+
+    def collect(self) -> Iterable[Metric]:
+        """Queue depth per pool and band, for a scrape-time callback."""
+        fam = GaugeMetricFamily(
+            "kvgate_queue_depth", "Requests waiting in the admission queue.", labels=["pool", "band"]
+        )
+        for p in self._pools.values():
+            for band, n in p.queue.depth_by_band().items():
+                fam.add_metric([p.name, band.label], n)
+        yield fam
