@@ -14,10 +14,28 @@ from collections.abc import Generator
 from typing import Any
 
 import uvicorn
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from gateway.app import KvgateApp
 from gateway.config import Config
 from gateway.gateway import Gateway
+
+
+class NoDelayHttpToolsProtocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol with TCP_NODELAY on every accepted connection.
+
+    asyncio only sets TCP_NODELAY itself when the listening socket was created with
+    proto=IPPROTO_TCP, and uvicorn writes a response's headers and body as separate segments: without
+    it, Nagle holds the body until the client's delayed ACK, about 40 ms on every response (measured
+    here: 52 ms against 4 ms for a non-streaming request through kvgate). DESIGN.md warned of it.
+    """
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:  # type: ignore[override]
+        sock = transport.get_extra_info("socket")
+        if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        super().connection_made(transport)  # type: ignore[arg-type]
 
 
 class _QuietServer(uvicorn.Server):
@@ -44,7 +62,7 @@ def uvicorn_config(app: Any, log_level: str = "warning", **kw: Any) -> uvicorn.C
         lifespan="on",
         access_log=False,
         log_level=log_level,
-        http="httptools",
+        http=NoDelayHttpToolsProtocol,
         loop="none",
         timeout_keep_alive=30,
         backlog=2048,
@@ -114,7 +132,7 @@ def serve_forever(config: Config, host: str, port: int) -> None:
             lifespan="on",
             access_log=False,
             log_level=config.server.log_level,
-            http="httptools",
+            http=NoDelayHttpToolsProtocol,
             loop=loop,
             timeout_keep_alive=30,
             backlog=2048,
