@@ -21,3 +21,16 @@ def test_example_loads(path: Path) -> None:
     config = load_config(path)
     check_semantics(config)
     assert config.replicas or config.simulator.replicas >= 1
+
+
+def test_kubernetes_configmap_holds_a_valid_config() -> None:
+    import yaml
+
+    from gateway.config import parse_config
+
+    manifest = Path(__file__).resolve().parents[1] / "deploy" / "kubernetes" / "kvgate.yaml"
+    docs = list(yaml.safe_load_all(manifest.read_text()))
+    configmap = next(d for d in docs if d["kind"] == "ConfigMap")
+    config = parse_config(yaml.safe_load(configmap["data"]["kvgate.yaml"]))
+    check_semantics(config)
+    assert config.replicas and config.state.store.startswith("redis://")
