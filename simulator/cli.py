@@ -59,12 +59,11 @@ def run(args: argparse.Namespace) -> int:
     import signal
 
     from simulator.fleet import SimFleet
-    from simulator.server.faults import FaultConfig
 
     logging.basicConfig(level=args.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
-        fleet = SimFleet(**_fleet_kwargs(args, FaultConfig))
+        fleet = SimFleet(**_fleet_kwargs(args))
     except ValueError as exc:
         print(f"kvgate sim: {exc}", file=sys.stderr)
         return 2
@@ -96,10 +95,12 @@ def run(args: argparse.Namespace) -> int:
         return runner.run(serve())
 
 
-def _fleet_kwargs(args: argparse.Namespace, fault_config: Any) -> dict[str, Any]:
+def _fleet_kwargs(args: argparse.Namespace) -> dict[str, Any]:
+    from simulator.server.faults import FaultConfig
+
     adapters = tuple(a.strip() for a in args.adapters.split(",") if a.strip())
     max_loras = args.max_loras if args.max_loras is not None else (1 if adapters else 0)
-    faults = fault_config(
+    faults = FaultConfig(
         error_rate=args.fault_error_rate, error_status=args.fault_error_status, slowdown=args.fault_slowdown,
         crash_after_chunks=args.fault_crash_after_chunks, hang_after_chunks=args.fault_hang_after_chunks,
         health_status=args.fault_health_status,
