@@ -25,7 +25,7 @@ class Decision(NamedTuple):
     - `ranked`: every candidate that passed the filters, best first (the forwarder fails over in this
       order); empty when nothing can serve.
     - `plugin_seconds`: plugin name -> seconds spent in it, only when a timer was given.
-    - `dropped`: replica -> name of the filter that dropped it.
+    - `dropped` (property): replica -> name of the filter that dropped it.
     - `scores` and `total` (properties, built on first use so the request path does not pay for them):
       replica -> scorer name -> clamped score in [0, 1] (for the winner; for every ranked replica when
       `explain=True`), and replica -> weighted sum (for every ranked replica).
@@ -36,7 +36,8 @@ class Decision(NamedTuple):
 
     ranked: tuple[ReplicaState, ...]
     plugin_seconds: Mapping[str, float]
-    dropped: Mapping[str, str]
+    # (filter name, candidates before it, candidates it kept) for each filter that dropped some.
+    filter_steps: tuple[tuple[str, Sequence[ReplicaState], Sequence[ReplicaState]], ...]
     scored: tuple[ReplicaState, ...] = ()  # the candidates the scorers saw, in their order
     totals: tuple[float, ...] = ()  # aligned with `scored`
     columns: tuple[tuple[str, Sequence[float]], ...] = ()  # (scorer name, raw scores aligned with `scored`)
@@ -46,6 +47,16 @@ class Decision(NamedTuple):
     def replica(self) -> ReplicaState | None:
         """The winner, or None when nothing can serve."""
         return self.ranked[0] if self.ranked else None
+
+    @property
+    def dropped(self) -> Mapping[str, str]:
+        out: dict[str, str] = {}
+        for name, before, kept in self.filter_steps:
+            survivors = {r.name for r in kept}
+            for r in before:
+                if r.name not in survivors:
+                    out[r.name] = name
+        return out
 
     @property
     def total(self) -> Mapping[str, float]:
@@ -112,7 +123,7 @@ class SchedulingProfile:
         total is sum(weight x score). `timer` (e.g. `time.perf_counter`) turns on per-plugin timing.
         """
         seconds: dict[str, float] = {}
-        dropped: dict[str, str] = {}
+        steps: list[tuple[str, Sequence[ReplicaState], Sequence[ReplicaState]]] = []
         current: Sequence[ReplicaState] = candidates
         for f in self._filters:
             if timer is None:
@@ -125,13 +136,10 @@ class SchedulingProfile:
                 continue
             if not kept and f.soft:
                 continue
-            survivors = {r.name for r in kept}
-            for r in current:
-                if r.name not in survivors:
-                    dropped[r.name] = f.name
+            steps.append((f.name, current, kept))  # turned into `dropped` only if someone asks
             current = kept
             if not current:
-                return Decision((), seconds, dropped)
+                return Decision((), seconds, tuple(steps))
 
         count = len(current)
         columns: list[tuple[str, Sequence[float]]] = []
@@ -177,7 +185,7 @@ class SchedulingProfile:
             ranked = self._picker.pick(ctx, current, totals, rng)
             seconds[self._picker.name] = timer() - started
         return Decision(
-            tuple(ranked), seconds, dropped, tuple(current), tuple(totals), tuple(columns), explain
+            tuple(ranked), seconds, tuple(steps), tuple(current), tuple(totals), tuple(columns), explain
         )
 
 
