@@ -1,0 +1,40 @@
+"""`DesConfig`: the simulated fleet and the gateway in front of it, for one what-if run."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from gateway.config import Config
+from loadtests.des.fleet import FleetSpec
+
+AUTO_CHUNK_REQUESTS = 20_000
+"""`record_chunks=None` keeps per-token chunk times when `max_requests` is at most this."""
+
+
+@dataclass(frozen=True, slots=True)
+class DesConfig:
+    """A simulated fleet and the gateway in front of it.
+
+    `policy` is a scheduling profile name of the gateway config (`default`, `round-robin`, ...).
+    `gateway` is a gateway `Config` (or its YAML data) whose scheduling, prefix index, fleet and
+    models settings apply; its replicas are replaced by the simulated ones. `tokenizer` ("none" or
+    "sim") and `scrape_interval_s` / `stale_after_s` (virtual seconds) override it when set.
+    `record_chunks`: keep every token time in the traces (None: when `max_requests` is at most
+    `AUTO_CHUNK_REQUESTS`; see `loadtests.des.traces`). `seed` seeds routing ties and scrape phases.
+    """
+
+    fleet: FleetSpec
+    policy: str = "default"
+    gateway: Config | Mapping[str, Any] | None = None
+    tokenizer: str | None = None
+    scrape_interval_s: float | None = None
+    stale_after_s: float | None = None
+    gateway_overhead_s: float = 0.0
+    record_chunks: bool | None = None
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.gateway_overhead_s < 0:
+            raise ValueError(f"gateway_overhead_s must be >= 0, got {self.gateway_overhead_s}")

@@ -1,0 +1,237 @@
+"""kvgate's routing in virtual time: the gateway's own `Router` and `FleetState`, fed by simulated scrapes.
+
+Nothing of the routing path is re-implemented here. The model builds the live gateway's objects from a
+gateway `Config` and calls them as the live request path does (`gateway/proxy.py`):
+
+- prompt facts: `Router.prompt_facts` (the canonical prompt's byte blocks, the live default); with the
+  `sim` tokenizer configured, the same token-block keys the live `SimTokenizer` path makes, computed
+  from the token ids the run already has instead of tokenizing the prompt a second time;
+- the request's `RequestInfo` as `ProxyEndpoint._request_info` builds it (output cap = `max_tokens`,
+  else the default tenant cap; session from the configured session header);
+- `Router.decide(info, fleet.snapshot(), now)`, then on dispatch `FleetState.dispatched` (in-flight + 1,
+  live) and `Router.dispatched` (prefix index record, session map), and at the end of the response
+  `FleetState.finished`;
+- `FleetState.record_scrape` with the replica's engine stats at each simulated scrape, so between
+  scrapes a `ReplicaState` holds the last scraped running/waiting/KV usage/adapters plus the
+  gateway's live in-flight counts: exactly the live gateway's staleness. `FleetState` rebuilds only
+  the changed replicas' states per snapshot, as it does live.
+- the prefix index's per-replica capacity from the scraped cache size, as `Gateway._on_fleet_change`
+  sets it.
+
+Not modelled: authentication, rate limits and flow control (admission runs before routing and holds
+or refuses requests; see the run's docs), health checks and failover (simulated replicas never fail).
+
+Times are virtual seconds from the run's clock. One run owns one model; not thread-safe.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from gateway.config import Config, ReplicaConfig, TenantLimits, parse_config
+from gateway.fleet.metrics_parse import ReplicaMetrics
+from gateway.fleet.models_parse import ServedModels
+from gateway.fleet.state import FleetChange, FleetState
+from gateway.request_parse import Endpoint
+from gateway.routing import PromptFacts, Router
+from policies.prefix import seed_for, token_block_keys
+from policies.prefix_index import capacity_blocks
+from policies.types import RequestInfo
+from simulator.engine import EngineStats
+
+_DEFAULT_OUTPUT_CAP = TenantLimits().max_output_tokens
+_ANONYMOUS = "anonymous"
+
+
+class RouteError(Exception):
+    """The gateway would answer this request with an error instead of routing it."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+@dataclass(frozen=True, slots=True)
+class Routed:
+    """One routing decision: the winner's index (in `GatewayModel.names` order), the request as the
+    policies saw it, and the tokens counted in flight (prompt estimate + output cap)."""
+
+    replica: int
+    info: RequestInfo
+    tokens: int
+    matched_blocks: int  # leading index blocks the winner was believed to hold
+
+
+def gateway_config(
+    base: Config | Mapping[str, Any] | None,
+    names: Sequence[str],
+    model: str,
+    *,
+    policy: str | None = None,
+    tokenizer: str | None = None,
+    scrape_interval_s: float | None = None,
+    stale_after_s: float | None = None,
+    seed: int | None = None,
+) -> Config:
+    """The gateway config of a simulated fleet: `base` (a `Config`, its YAML data, or None for the
+    defaults) with its replicas replaced by `names` serving pool `model`, and the given overrides.
+
+    Replica URLs are `http://<name>.des.invalid` (never contacted). `tokenizer` ("none" or "sim")
+    applies to pool `model`. Times are virtual seconds.
+    """
+    data: dict[str, Any]
+    if isinstance(base, Config):
+        data = base.model_dump(mode="json", exclude_none=False)
+    else:
+        data = dict(base or {})
+    data["replicas"] = [{"url": f"http://{n}.des.invalid", "model": model, "name": n} for n in names]
+    sched = dict(data.get("scheduling") or {})
+    if policy is not None:
+        sched["profile"] = policy
+    if seed is not None:
+        sched["seed"] = seed
+    data["scheduling"] = sched
+    fleet = dict(data.get("fleet") or {})
+    if scrape_interval_s is not None:
+        fleet["scrape_interval_s"] = scrape_interval_s
+    if stale_after_s is not None:
+        fleet["stale_after_s"] = stale_after_s
+    data["fleet"] = fleet
+    if tokenizer is not None:
+        models = [m for m in data.get("models") or () if m.get("name") != model]
+        data["models"] = [*models, {"name": model, "tokenizer": tokenizer}]
+    return parse_config(data)
+
+
+class GatewayModel:
+    """The live gateway's routing state and decisions over simulated replicas (module docstring).
+
+    `names` are the replicas in config order; `clock()` is the run's virtual clock; `rng` breaks
+    routing ties (the live gateway seeds it from `scheduling.seed`).
+    """
+
+    def __init__(self, config: Config, clock: Callable[[], float], rng: random.Random) -> None:
+        self.config = config
+        self.names: tuple[str, ...] = tuple(r.display_name for r in config.replicas)
+        self._index_of = {name: i for i, name in enumerate(self.names)}
+        self.fleet = FleetState(config.replicas, config.fleet, clock)
+        self.router = Router(config, rng)
+        self._clock = clock
+        self._session_header = config.scheduling.session_header.lower()
+        self._token_blocks = {m.name for m in config.models if m.tokenizer == "sim"}
+        self.fleet.add_listener(self._on_fleet_change)
+
+    @property
+    def replicas(self) -> tuple[ReplicaConfig, ...]:
+        return self.config.replicas
+
+    # -- what the replicas tell the gateway ---------------------------------------------------------
+
+    def serve_models(self, replica: int, base_model: str, adapters: Sequence[str]) -> None:
+        """What replica `replica`'s `/v1/models` lists (polled once at start-up: it never changes)."""
+        served = ServedModels(base_models=(base_model,), adapters={a: base_model for a in adapters})
+        self.fleet.record_models(self.names[replica], served)
+
+    def scrape(self, replica: int, stats: EngineStats) -> None:
+        """A good `/metrics` scrape of `replica` whose engine reports `stats` now."""
+        metrics = ReplicaMetrics(
+            running=stats.num_running,
+            waiting=stats.num_waiting,
+            kv_usage=stats.kv_cache_usage,
+            prefix_queries_tokens=stats.prefix_cache_queries_tokens,
+            prefix_hits_tokens=stats.prefix_cache_hits_tokens,
+            preemptions=stats.num_preemptions,
+            block_size=stats.block_size,
+            num_gpu_blocks=stats.num_gpu_blocks,
+            max_loras=stats.max_loras or None,
+            running_adapters=stats.running_adapters,
+            waiting_adapters=stats.waiting_adapters,
+        )
+        self.fleet.record_scrape(self.names[replica], metrics)
+
+    def _on_fleet_change(self, replica: str, change: FleetChange) -> None:
+        # As Gateway._on_fleet_change: the index forgets when the replica's cache would.
+        if FleetChange.CAPACITY in change:
+            state = self.fleet.snapshot().by_name(replica)
+            if state is not None and state.num_gpu_blocks > 0:
+                block = self.router.index_block_tokens
+                self.router.index.set_capacity(
+                    replica, capacity_blocks(state.num_gpu_blocks, state.block_size, block)
+                )
+
+    # -- the request path -----------------------------------------------------------------------------
+
+    def request_info(
+        self,
+        endpoint: str,
+        body: Mapping[str, Any],
+        *,
+        prompt_ids: Sequence[int] | None = None,
+        tenant: str | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> RequestInfo:
+        """The request as the policies see it. `prompt_ids` are the simulator tokenizer's ids of the
+        prompt (used for token-block keys when the pool has the `sim` tokenizer). Raises RouteError
+        404 for a model the fleet does not serve."""
+        model = body.get("model")
+        resolved = self.fleet.pool_of(model) if isinstance(model, str) else None
+        if resolved is None or not isinstance(model, str):
+            raise RouteError(404, f"The model `{model}` does not exist.")
+        base, adapter = resolved
+        endpoint_kind: Endpoint = "chat" if endpoint == "chat" else "completions"
+        if base in self._token_blocks and prompt_ids is not None:
+            facts = _token_facts(prompt_ids, self.router.index_block_tokens, seed_for(base, adapter))
+        else:
+            facts = self.router.prompt_facts(endpoint_kind, body, base, adapter)
+        cap = body.get("max_completion_tokens") if endpoint_kind == "chat" else None
+        if cap is None:
+            cap = body.get("max_tokens")
+        max_tokens = cap if isinstance(cap, int) and cap > 0 else _DEFAULT_OUTPUT_CAP
+        session = _header(headers, self._session_header) if headers else None
+        return RequestInfo(
+            model=model,
+            base_model=base,
+            adapter=adapter,
+            prompt_tokens=facts.prompt_tokens,
+            max_tokens=max_tokens,
+            stream=bool(body.get("stream", False)),
+            tenant=tenant or _ANONYMOUS,
+            session_id=session,
+            prefix_keys=facts.prefix_keys,
+            prompt_tokens_exact=facts.exact,
+        )
+
+    def route(self, info: RequestInfo, now: float) -> Routed:
+        """Decide and dispatch: the winner's in-flight count and prefix index are updated at once, as
+        the forwarder's first attempt does. Pair with `finished(routed)`. RouteError 503 when no
+        replica can serve."""
+        routed = self.router.decide(info, self.fleet.snapshot(), now)
+        ranked = routed.decision.ranked
+        if not ranked:
+            raise RouteError(503, "no replica can serve this model right now")
+        winner = ranked[0].name
+        tokens = info.reserved_tokens
+        self.fleet.dispatched(winner, tokens)
+        self.router.dispatched(info, winner)
+        return Routed(self._index_of[winner], info, tokens, routed.match.get(winner, 0))
+
+    def finished(self, routed: Routed) -> None:
+        """The response of `routed` ended (whatever the outcome): in-flight - 1."""
+        self.fleet.finished(self.names[routed.replica], routed.tokens)
+
+
+def _token_facts(ids: Sequence[int], block_tokens: int, seed: int) -> PromptFacts:
+    # gateway.tokenizers.SimTokenizer folds the simulator's ids (up to 2**51) to 32 bits the same way.
+    folded = [(i ^ (i >> 32)) & 0xFFFFFFFF for i in ids]
+    return PromptFacts(len(ids), True, token_block_keys(folded, block_tokens, seed))
+
+
+def _header(headers: Mapping[str, str], name: str) -> str | None:
+    for key, value in headers.items():
+        if key.lower() == name:
+            return value
+    return None
