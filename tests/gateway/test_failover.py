@@ -61,7 +61,11 @@ async def test_503_before_first_byte_fails_over_and_500_passes_through() -> None
 
 async def test_hung_replica_times_out_before_first_byte_and_fails_over() -> None:
     faults = [FaultConfig(hang_after_chunks=0), None]
-    cfg = {"upstream": {"first_byte_timeout_s": 0.3}, "fleet": {"eject_after_failures": 1}}
+    # Non-streaming answers arrive whole, so their first byte is bounded by response_timeout_s.
+    cfg = {
+        "upstream": {"first_byte_timeout_s": 0.3, "response_timeout_s": 1.0},
+        "fleet": {"eject_after_failures": 1},
+    }
     async with stack(replicas=2, faults=faults, config=cfg) as s:
         for i in range(4):
             body = chat(f"hang test {i} " * 30, max_tokens=3, stream=i % 2 == 0)
