@@ -69,7 +69,9 @@ class RequestSink:
     def push(self, event: TokenEvent) -> bool:
         """Queue one token; True when it completes a stop string (the driver then stops the request)."""
         self.events.append(event)
-        self._wake()
+        waiter = self._waiter  # _wake() inlined: this runs for every token of every stream
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
         return self._stop is not None and self._stop(event.token_id)
 
     def close(self, finished: FinishedRequest | None, when: float, reason: str) -> None:

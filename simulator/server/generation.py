@@ -142,10 +142,12 @@ class GenerationHandler:
         role = t.role
         while True:
             events = await sink.take()
-            if sink.reason == "abort":
+            reason = sink.reason
+            if reason == "abort":
                 return  # the client left (or the replica stops): nobody to write to
+            done = reason is not None
             chunks: list[bytes] = []
-            if role is not None and (events or sink.done):
+            if role is not None and (events or done):
                 chunks.append(role)
                 role = None
             produced += len(events)
@@ -156,17 +158,17 @@ class GenerationHandler:
                         chunks.append(head + json(event.token_id) + tail)
                     else:
                         chunks.append(head + json(event.token_id) + t.last_tail(event.finished_reason, None))
-            elif events or sink.done:
-                end = len(stopper.text) if sink.done else stopper.safe_len
+            elif events or done:
+                end = len(stopper.text) if done else stopper.safe_len
                 piece = stopper.text[emitted:end]
                 emitted = end
-                if sink.done and sink.reason != "error":
-                    reason, stop_reason = _stop_outcome(sink, stopper)
-                    chunks.append(t.head + _json_str(piece) + t.last_tail(reason, stop_reason))
+                if done and reason != "error":
+                    finish, stop_reason = _stop_outcome(sink, stopper)
+                    chunks.append(t.head + _json_str(piece) + t.last_tail(finish, stop_reason))
                 elif piece:
                     chunks.append(t.head + _json_str(piece) + t.tail)
-            if sink.done:
-                if sink.reason == "error":
+            if done:
+                if reason == "error":
                     chunks.append(error_chunk(ApiError(500, "The simulated engine failed.").body()))
                 elif call.params.include_usage:
                     chunks.append(t.usage(call.prompt_tokens, produced, _cached(sink)))
@@ -177,8 +179,8 @@ class GenerationHandler:
                 await self._break(call, scope, watcher)
                 return
             sent += len(chunks)
-            await send({"type": "http.response.body", "body": b"".join(chunks), "more_body": not sink.done})
-            if sink.done:
+            await send({"type": "http.response.body", "body": b"".join(chunks), "more_body": not done})
+            if done:
                 return
 
     async def _complete(self, call: _Call, sink: RequestSink, scope: Scope, send: Send,
