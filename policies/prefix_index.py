@@ -96,7 +96,7 @@ class _KeyLru:
 
 
 class PrefixIndex:
-    """Per-replica LRUs of block keys with an O(len(keys)) leading-block match.
+    """Per-replica LRUs of block keys, and a leading-block match that bisects instead of walking.
 
     `default_capacity` (index blocks, >= 1) applies to replicas without `set_capacity`. Replica names
     are arbitrary strings; a replica enters the index on its first `record` or `set_capacity`.
