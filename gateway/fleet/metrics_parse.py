@@ -98,6 +98,22 @@ _LORA_INFO = "vllm:lora_requests_info"
 _SGLANG_CAPACITY = "sglang:max_total_num_tokens"  # KV capacity in tokens (page size 1)
 
 
+def _family_stems() -> frozenset[str]:
+    stems: set[str] = {_CACHE_CONFIG, _LORA_INFO, _SGLANG_CAPACITY}
+    for names in (_VLLM, _SGLANG):
+        stems.update(names.running + names.waiting + names.kv_usage + names.prefix_queries
+                     + names.prefix_hits + names.preemptions)
+    return frozenset(stems)
+
+
+_STEMS = _family_stems()
+_COUNTER_STEMS = frozenset(_VLLM.prefix_queries + _VLLM.prefix_hits + _VLLM.preemptions)
+
+# Every sample name parse_metrics reads, for exporters that can restrict a page to some names
+# (prometheus-client's exposition honors `?name[]=...`, ignored elsewhere).
+SAMPLE_NAMES: tuple[str, ...] = tuple(sorted(_STEMS | {s + "_total" for s in _COUNTER_STEMS}))
+
+
 def _keep_pattern() -> re.Pattern[str]:
     """Sample lines of the families read here, found in one C-level pass over the page.
 
@@ -106,14 +122,9 @@ def _keep_pattern() -> re.Pattern[str]:
     cost. Counters match with or without `_total`. Comment lines (HELP, TYPE) are dropped: samples
     are read by name, so the type adds nothing.
     """
-    stems: set[str] = {_CACHE_CONFIG, _LORA_INFO, _SGLANG_CAPACITY}
-    for names in (_VLLM, _SGLANG):
-        for group in (names.running, names.waiting, names.kv_usage, names.prefix_queries,
-                      names.prefix_hits, names.preemptions):
-            stems.update(n.removesuffix("_total") for n in group)
     branches = []
     for prefix in ("vllm:", "sglang:"):
-        rests = sorted((s.removeprefix(prefix) for s in stems if s.startswith(prefix)), key=len,
+        rests = sorted((s.removeprefix(prefix) for s in _STEMS if s.startswith(prefix)), key=len,
                        reverse=True)
         branches.append(re.escape(prefix) + "(?:" + "|".join(re.escape(r) for r in rests) + ")")
     return re.compile(r"\n((?:" + "|".join(branches) + r")(?:_total)?[{ \t][^\n]*)")

@@ -9,10 +9,13 @@ from collections.abc import AsyncIterator, Callable
 import httpx
 import pytest
 import respx
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, make_asgi_app
+from starlette.types import Message, Receive, Scope, Send
 
 from gateway.config import FleetConfig, ReplicaConfig
 from gateway.fleet.scraper import FleetScraper, build_client
 from gateway.fleet.state import FleetChange, FleetState
+from simulator.fleet import SimFleet
 from tests.gateway.fleet.fake_replica import FakeReplica
 
 FAST = FleetConfig(
@@ -246,3 +249,126 @@ async def test_failed_models_poll_keeps_the_previous_list() -> None:
             await second.start()
             await second.stop()
     assert state.pool_of("x") == ("tiny-llama", "x")
+
+
+async def test_prometheus_client_exposition_renders_only_the_families_read() -> None:
+    """vLLM and SGLang serve /metrics with prometheus-client's ASGI app; the scraper asks it for the
+    few families it reads (`name[]`) and for no compression."""
+    registry = CollectorRegistry()
+    labels = ["engine", "model_name"]
+    for name, value in (("vllm:num_requests_running", 4), ("vllm:num_requests_waiting", 1),
+                        ("vllm:kv_cache_usage_perc", 0.5)):
+        Gauge(name, "doc", labels, registry=registry).labels("0", "m").set(value)
+    Counter("vllm:prefix_cache_queries", "doc", labels, registry=registry).labels("0", "m").inc(640)
+    Counter("vllm:prompt_tokens", "doc", labels, registry=registry).labels("0", "m").inc(9)
+    Histogram("vllm:time_to_first_token_seconds", "doc", labels, registry=registry).labels("0", "m")
+    Gauge("vllm:cache_config_info", "doc", ["block_size", "engine", "num_gpu_blocks"],
+          registry=registry).labels("16", "0", "4096").set(1)
+    exposition = make_asgi_app(registry)
+    pages: dict[str, tuple[list[tuple[bytes, bytes]], bytes]] = {}
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["path"] != "/metrics":
+            await send({"type": "http.response.start", "status": 404, "headers": []})
+            await send({"type": "http.response.body", "body": b""})
+            return
+        head: list[tuple[bytes, bytes]] = []
+
+        async def spy(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                head.extend(message["headers"])
+            if message["type"] == "http.response.body":
+                pages["/metrics"] = (head, message["body"])
+            await send(message)
+
+        await exposition(scope, receive, spy)
+
+    state = FleetState([ReplicaConfig(url="http://replica.test:8000", model="m")], FAST)
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport) as client:
+        scraper = FleetScraper(state, FAST, client)
+        await scraper.start()
+        await scraper.stop()
+    replica = state.snapshot().replicas[0]
+    assert (replica.running, replica.waiting, replica.kv_usage) == (4, 1, 0.5)
+    assert replica.kv_capacity_tokens == 16 * 4096
+    head, body = pages["/metrics"]
+    page = body.decode()
+    assert "vllm:prefix_cache_queries_total" in page
+    assert "vllm:prompt_tokens" not in page and "time_to_first_token" not in page
+    assert not any(k.lower() == b"content-encoding" for k, _ in head)
+
+
+# -- against the replica simulator (simulator/fleet.py) ------------------------------------------
+
+
+async def scraping_sim(sim: SimFleet, fleet: FleetConfig = FAST) -> tuple[
+        FleetState, FleetScraper, Observer, httpx.AsyncClient]:
+    state = FleetState([ReplicaConfig(url=u, model="tiny-llama", name=f"sim{i}")
+                        for i, u in enumerate(sim.urls)], fleet)
+    observer = Observer()
+    state.add_listener(observer)
+    client = build_client(fleet, len(sim.urls))
+    scraper = FleetScraper(state, fleet, client, rng=random.Random(3), observer=observer)
+    await scraper.start()
+    return state, scraper, observer, client
+
+
+async def test_simulated_fleet_is_read_whole() -> None:
+    # time_scale 50: a 64-token request runs for seconds, long enough to be seen by scrapes
+    async with SimFleet(replicas=2, profile="tiny", max_loras=2, adapters=("lora-a",),
+                        time_scale=50.0) as sim:
+        state, scraper, observer, client = await scraping_sim(sim)
+        try:
+            snap = state.snapshot()
+            assert all(r.healthy and r.block_size == 16 and r.num_gpu_blocks > 0 and r.max_loras == 2
+                       for r in snap.replicas)
+            assert state.pool_of("lora-a") == ("tiny-llama", "lora-a")
+            assert state.kv_capacity_tokens("sim0") == snap.replicas[0].kv_capacity_tokens
+
+            # a request the (slowed) engine is still working on shows in the next scrapes
+            body = {"model": "lora-a", "prompt": "hello there", "max_tokens": 64, "stream": True}
+            async with client.stream("POST", sim.urls[1] + "/v1/completions", json=body):
+                await observer.until(lambda: state.snapshot().replicas[1].running
+                                     + state.snapshot().replicas[1].waiting >= 1)
+                busy = state.snapshot().replicas[1]
+                assert "lora-a" in busy.adapters
+            assert state.snapshot().replicas[0].running == 0
+        finally:
+            await scraper.stop()
+            await client.aclose()
+
+
+async def test_killed_simulated_replica_leaves_within_one_scrape_and_comes_back() -> None:
+    async with SimFleet(replicas=2, profile="tiny") as sim:
+        state, scraper, observer, client = await scraping_sim(sim)
+        try:
+            await observer.until(lambda: scraper.stats("sim0").scrapes >= 2)
+            await sim.stop_replica(0)
+            await observer.until(lambda: not state.snapshot().replicas[0].healthy)
+            log = [(kind, what) for kind, name, what in observer.log if name == "sim0"]
+            first_failure = next(i for i, e in enumerate(log) if e[0] == "scrape" and e[1] is not None)
+            assert log[first_failure] == ("scrape", "connect")
+            assert log[first_failure - 1] == ("change", FleetChange.HEALTH)
+            assert state.snapshot().replicas[1].healthy
+
+            await sim.restart_replica(0)
+            await observer.until(lambda: state.snapshot().replicas[0].healthy)
+        finally:
+            await scraper.stop()
+            await client.aclose()
+
+
+async def test_simulated_replica_failing_health_is_ejected_until_it_recovers() -> None:
+    fleet = FAST.model_copy(update={"health_interval_s": 0.05})
+    async with SimFleet(replicas=2, profile="tiny") as sim:
+        state, scraper, observer, client = await scraping_sim(sim, fleet)
+        try:
+            sim.replica(1).set_faults(health_status=503)
+            await observer.until(lambda: not state.snapshot().replicas[1].healthy)
+            assert state.snapshot().replicas[0].healthy
+            sim.replica(1).set_faults(health_status=200)
+            await observer.until(lambda: state.snapshot().replicas[1].healthy)
+        finally:
+            await scraper.stop()
+            await client.aclose()
