@@ -10,7 +10,8 @@ from gateway.config import Config
 from loadtests.des.fleet import FleetSpec
 
 AUTO_CHUNK_REQUESTS = 20_000
-"""`record_chunks=None` keeps per-token chunk times when `max_requests` is at most this."""
+"""`record_chunks=None` keeps per-token chunk times when the run's request count is known (`max_requests`,
+or the length of a list of specs) and at most this."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -21,8 +22,9 @@ class DesConfig:
     `gateway` is a gateway `Config` (or its YAML data) whose scheduling, prefix index, fleet and
     models settings apply; its replicas are replaced by the simulated ones. `tokenizer` ("none" or
     "sim") and `scrape_interval_s` / `stale_after_s` (virtual seconds) override it when set.
-    `record_chunks`: keep every token time in the traces (None: when `max_requests` is at most
-    `AUTO_CHUNK_REQUESTS`; see `loadtests.des.traces`). `seed` seeds routing ties and scrape phases.
+    `record_chunks`: keep every token time in the traces (None: when the run's request count is known
+    and at most `AUTO_CHUNK_REQUESTS`; see `loadtests.des.traces`). `seed` seeds routing ties and
+    scrape phases.
     """
 
     fleet: FleetSpec

@@ -34,7 +34,7 @@ import heapq
 import random
 import resource
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sized
 from typing import Any
 
 from loadtests.des.arrivals import LoadClients
@@ -88,7 +88,8 @@ class Simulation:
         self.clients = LoadClients(self._timed(specs), load)
         record = config.record_chunks
         if record is None:
-            record = load.max_requests is not None and load.max_requests <= AUTO_CHUNK_REQUESTS
+            count = load.max_requests if load.max_requests is not None else _known_size(specs)
+            record = count is not None and count <= AUTO_CHUNK_REQUESTS
         self.record_chunks = record
         self.itl = ItlHistogram()
         self.open: dict[str, OpenRequest] = {}
@@ -386,6 +387,10 @@ class Simulation:
             tokens_encoded=self.tokenizer.tokens_encoded,
             prompt_tokens=self.prompt_tokens,
         )
+
+
+def _known_size(specs: Iterable[RequestSpec]) -> int | None:
+    return len(specs) if isinstance(specs, Sized) else None
 
 
 def _engine_max_tokens(endpoint: str, body: Mapping[str, Any]) -> int:
