@@ -2,11 +2,12 @@
 
 Dialects: vLLM (V1 names and the pre-0.10 `vllm:gpu_*` ones) and SGLang. Samples go through
 prometheus-client's parser, but only after a regex prefilter keeps the sample lines of the few
-families read here: the parser is pure Python, and a whole real vLLM page (~650 lines, 55 KB) costs
-it ~25 ms, the dozen kept lines about a millisecond. `MetricsParser` also skips lines that did not
-change since the replica's previous page. Lines of other families are never parsed, so a broken line
-in a family kvgate does not read cannot fail the scrape. Samples are read by name (counters with or
-without `_total`); HELP and TYPE lines are not needed.
+families read here: the parser is pure Python, and on the real 55 KB vLLM 0.32 page (~650 lines) it
+took 21-77 ms here against 1.5-2.8 ms for the 11 kept lines (timeit on the fixture, 2-core machine
+under load). `MetricsParser` also reuses the parse of lines that did not change
+since the replica's previous page: 0.1-0.5 ms per page. Lines of other families are never parsed,
+so a broken line in a family kvgate does not read cannot fail the scrape. Samples are read by name
+(counters with or without `_total`); HELP and TYPE lines are not needed.
 
 Contract for bad pages (`parse_metrics` raises nothing but `MetricsParseError`):
 - a kept line the parser rejects, or no running-requests gauge of any dialect -> `MetricsParseError`;

@@ -6,6 +6,10 @@ evenly spread random phases and each next fetch is due `interval * U(0.9, 1.1)` 
 fetch runs in its own short task bounded by its timeout; a replica whose previous fetch of the same
 kind is still pending is skipped for that turn, so one hung replica never delays the others.
 
+Cost: at a 50 ms cadence one scrape (httpx GET + parse + state update) took ~4-5 ms of CPU here
+(2-core machine under load 5-6), most of it httpx's per-request overhead; aiohttp + parse by hand
+took ~1.7 ms. Sixty-four replicas at 200 ms would be ~1.3 cores with httpx: mind the interval.
+
 Outcomes go to the state: a good scrape -> `record_scrape`; a failed scrape or health check ->
 `report_failure` with the kind ("connect" ejects at once, see `FleetState.report_failure`); `/health`
 answering non-200 -> `record_health(ok=False)`. A failed models poll only keeps the previous list.
@@ -109,6 +113,7 @@ class FleetScraper:
         self._rng = rng or random.Random()
         self._observer = observer
         self._targets = tuple((r.display_name, r.url) for r in state.replicas)
+        self._index = {name: i for i, (name, _) in enumerate(self._targets)}
         self._metrics_urls = tuple(url + _METRICS_PATH for _, url in self._targets)
         self._parsers = [MetricsParser() for _ in self._targets]
         self._stats = [ScrapeStats() for _ in self._targets]
@@ -140,10 +145,7 @@ class FleetScraper:
 
     def stats(self, replica: str) -> ScrapeStats:
         """A copy of `replica`'s scrape counters (KeyError for an unknown name)."""
-        for i, (name, _) in enumerate(self._targets):
-            if name == replica:
-                return replace(self._stats[i])
-        raise KeyError(replica)
+        return replace(self._stats[self._index[replica]])
 
     # -- scheduling -----------------------------------------------------------------------------
 

@@ -68,7 +68,8 @@ class FleetState:
         self._clock = clock
         self._fleet = fleet
         now = clock()
-        self._records = tuple(ReplicaRecord(r, fleet, now) for r in replicas)
+        self._configs = tuple(replicas)
+        self._records = tuple(ReplicaRecord(r, fleet, now) for r in self._configs)
         self._index = {r.name: i for i, r in enumerate(self._records)}
         if len(self._index) != len(self._records):
             raise ValueError("replica names must be unique")
@@ -85,7 +86,7 @@ class FleetState:
     @property
     def replicas(self) -> tuple[ReplicaConfig, ...]:
         """The replicas' configs, in config order."""
-        return tuple(r.config for r in self._records)
+        return self._configs
 
     @property
     def version(self) -> int:
