@@ -37,8 +37,9 @@ from gateway.fleet.state import FleetState
 log = logging.getLogger(__name__)
 
 _JITTER = 0.1  # each period is interval * U(1 - _JITTER, 1 + _JITTER)
-# prometheus-client's exposition (vLLM's and SGLang's /metrics) then renders only these families, a
-# few KB instead of ~55 KB; other servers ignore the query and the parser's prefilter does the same.
+# prometheus-client's exposition app (which vLLM's API server has mounted at /metrics) honors
+# `name[]` and renders only these families, a few KB instead of ~55 KB; a server that ignores the
+# query sends the whole page and the parser's prefilter does the same job.
 _METRICS_PATH = "/metrics?" + urlencode([("name[]", n) for n in SAMPLE_NAMES])
 # Compressing a page on the replica and inflating it here costs both ends CPU for no gain on a LAN.
 _HEADERS = {"accept-encoding": "identity"}
@@ -115,6 +116,8 @@ class FleetScraper:
         self._targets = tuple((r.display_name, r.url) for r in state.replicas)
         self._index = {name: i for i, (name, _) in enumerate(self._targets)}
         self._metrics_urls = tuple(url + _METRICS_PATH for _, url in self._targets)
+        self._health_urls = tuple(url + "/health" for _, url in self._targets)
+        self._models_urls = tuple(url + "/v1/models" for _, url in self._targets)
         self._parsers = [MetricsParser() for _ in self._targets]
         self._stats = [ScrapeStats() for _ in self._targets]
         self._loops = (
@@ -218,12 +221,15 @@ class FleetScraper:
         stats.last_duration_s = duration
         stats.last_error = error
         if self._observer is not None:
-            self._observer.scrape_finished(name, duration, error)
+            try:
+                self._observer.scrape_finished(name, duration, error)
+            except Exception:
+                log.exception("scrape observer failed on %s", name)
 
     async def _check_health(self, i: int) -> None:
-        name, url = self._targets[i]
+        name = self._targets[i][0]
         try:
-            resp = await self._get(url + "/health", self._fleet.health_timeout_s)
+            resp = await self._get(self._health_urls[i], self._fleet.health_timeout_s)
         except Exception as err:
             log.debug("replica %s: health check failed: %r", name, err)
             self._state.report_failure(name, _failure_kind(err))
@@ -231,9 +237,9 @@ class FleetScraper:
         self._state.record_health(name, resp.status_code == 200)
 
     async def _poll_models(self, i: int) -> None:
-        name, url = self._targets[i]
+        name = self._targets[i][0]
         try:
-            resp = await self._get(url + "/v1/models", self._fleet.scrape_timeout_s)
+            resp = await self._get(self._models_urls[i], self._fleet.scrape_timeout_s)
             resp.raise_for_status()
             served = parse_models(resp.content)
         except Exception as err:  # ModelsParseError, HTTP status, transport

@@ -252,8 +252,8 @@ async def test_failed_models_poll_keeps_the_previous_list() -> None:
 
 
 async def test_prometheus_client_exposition_renders_only_the_families_read() -> None:
-    """vLLM and SGLang serve /metrics with prometheus-client's ASGI app; the scraper asks it for the
-    few families it reads (`name[]`) and for no compression."""
+    """Against prometheus-client's own exposition app: the scraper asks it for the few families it
+    reads (`name[]`) and for no compression."""
     registry = CollectorRegistry()
     labels = ["engine", "model_name"]
     for name, value in (("vllm:num_requests_running", 4), ("vllm:num_requests_waiting", 1),
