@@ -14,6 +14,8 @@ virtual seconds from 0:
   busy sessions waits until one frees;
 - no request starts at or after `duration_s`; what runs then is the caller's to drain.
 
+Times are virtual seconds; the load point starts at `start` (its `duration_s` counts from there).
+
 Each method returns the requests to send now as `(spec, start)` pairs; `start` is when the request's
 clock starts (its arrival, which is earlier than now only for one that waited for a connection).
 Owned by one run; not thread-safe.
@@ -35,10 +37,10 @@ Send = tuple[RequestSpec, float]
 class LoadClients:
     """The load generator in virtual time (see the module docstring)."""
 
-    def __init__(self, specs: Iterable[RequestSpec], load: LoadConfig) -> None:
+    def __init__(self, specs: Iterable[RequestSpec], load: LoadConfig, *, start: float = 0.0) -> None:
         self.load = load
         self._sequencer = SessionSequencer(iter(specs), load.max_requests)
-        self._deadline = load.duration_s
+        self._deadline = start + load.duration_s
         self._closed = load.concurrency is not None
         self._gaps: Iterator[float] | None = None
         self.next_arrival: float | None = None  # open loop: when the next arrival is due
@@ -46,7 +48,7 @@ class LoadClients:
             assert load.rate is not None
             rng = random.Random(f"arrivals:{load.seed}")
             self._gaps = inter_arrival_gaps(rng, load.rate, load.burstiness)
-            self.next_arrival = 0.0
+            self.next_arrival = start
         self._max_in_flight = load.max_in_flight
         self._in_flight = 0
         self._waiting = 0  # clients (closed) or arrivals (open) waiting for a busy session to free

@@ -34,4 +34,4 @@ def run_des(
     with each trace as its request ends (a progress bar; keep it cheap). Deterministic: equal inputs
     give equal traces.
     """
-    return Simulation(specs, config, load, on_done=on_done).run()
+    return Simulation(config).run(specs, load, on_done=on_done)

@@ -23,9 +23,15 @@ between the client's send and the routing decision (the replica gets the request
 The outcome (`DesResult`, see `loadtests.des.outcome`) has the live runner's shapes. Prefix hit
 rates come from the engines' counters (Δhits / Δqueries in tokens), as live from `/metrics`.
 
-Use `run()` for a whole run, or `start()` then `step()` per event to inspect the fleet, the gateway's
-picture (`gateway.fleet.snapshot()`) and the clock (`queue.now`) between events (tests do). One
-`Simulation` is one run; not thread-safe.
+Load points. One `Simulation` is one fleet and one gateway (one policy); `run(specs, load)` runs a
+load point from the current virtual time and returns its outcome, and a later `run` continues on the
+same fleet and gateway (warm caches, prefix index, scrape phases), as the live bench sends its warm-up
+and then each load point to one fleet and one gateway. Counters in a point's outcome are increases
+over that point, as the live bench scrapes `/metrics` before and after.
+
+`begin(specs, load)` then `step()` per event runs a point one event at a time, to inspect the fleet,
+the gateway's picture (`gateway.fleet.snapshot()`) and the clock (`queue.now`) between events (tests
+do); `finish()` returns its outcome. Not thread-safe.
 """
 
 from __future__ import annotations
@@ -55,24 +61,47 @@ from simulator.server.openai_schema import DEFAULT_MAX_TOKENS
 SEND, ROUTE, STEP_END, SCRAPE, ARRIVAL, ALARM, DRAIN = range(7)
 
 
+class _Point:
+    """The state of one load point in progress (a `Simulation` owns one at a time)."""
+
+    __slots__ = ("alarm_at", "arrival_pending", "clients", "cpu0", "engine_s", "events0", "incomplete",
+                 "itl", "load", "on_done", "open", "prompt_tokens", "record_chunks", "route_s", "routed0",
+                 "scrape_s", "sends_pending", "start", "stats0", "timeouts", "tokenize_s", "tokens0",
+                 "traces", "wall0", "workload_s")  # fmt: skip
+
+    def __init__(self, load: LoadConfig, start: float, record_chunks: bool,
+                 on_done: Callable[[RequestTrace], None] | None) -> None:  # fmt: skip
+        self.load = load
+        self.start = start
+        self.record_chunks = record_chunks
+        self.on_done = on_done
+        self.clients: LoadClients | None = None
+        self.open: dict[str, OpenRequest] = {}
+        self.traces: list[RequestTrace] = []
+        self.itl = ItlHistogram()
+        self.timeouts: list[tuple[float, int, str]] = []
+        self.alarm_at: float | None = None
+        self.arrival_pending = False
+        self.sends_pending = 0
+        self.incomplete = 0
+        self.prompt_tokens = 0
+        self.workload_s = self.tokenize_s = self.route_s = self.engine_s = self.scrape_s = 0.0
+        self.wall0, self.cpu0 = time.perf_counter(), time.process_time()
+        self.events0 = 0
+        self.tokens0 = 0
+        self.stats0: list[tuple[int, int, int, int, int, float]] = []
+        self.routed0: list[int] = []
+
+
 class Simulation:
-    """One load point of `specs` on `config`'s fleet under `load` (see the module docstring).
+    """A simulated fleet behind kvgate's routing, in virtual time (see the module docstring).
 
     Public state, for inspection between `step()`s (do not mutate): `queue` (clock and events),
-    `replicas`, `gateway`, `clients`, `open` (requests in flight by engine id), `traces` (ended).
+    `replicas`, `gateway`, `open` (the point's requests in flight by engine id), `traces` (ended).
     """
 
-    def __init__(
-        self,
-        specs: Iterable[RequestSpec],
-        config: DesConfig,
-        load: LoadConfig,
-        *,
-        on_done: Callable[[RequestTrace], None] | None = None,
-    ) -> None:
+    def __init__(self, config: DesConfig) -> None:
         self.config = config
-        self.load = load
-        self.on_done = on_done
         fleet = config.fleet
         self.queue = EventQueue()
         self.replicas: list[SimReplica] = build_replicas(fleet)
@@ -84,83 +113,107 @@ class Simulation:
         self.scrape_interval = gw_config.fleet.scrape_interval_s
         self.scrape_rng = random.Random(f"des-scrape:{config.seed}")
         self.tokenizer = PromptTokenizer()
-        self._workload_s = 0.0
-        self.clients = LoadClients(self._timed(specs), load)
-        record = config.record_chunks
+        self.next_id = 0
+        self._scraping = False
+        self._point: _Point | None = None
+
+    # -- load points ----------------------------------------------------------------------------------
+
+    def begin(
+        self,
+        specs: Iterable[RequestSpec],
+        load: LoadConfig,
+        *,
+        on_done: Callable[[RequestTrace], None] | None = None,
+    ) -> None:
+        """Start a load point at the current virtual time: `load`'s seconds count from now. The first
+        point first scrapes every replica once (as `FleetScraper.start()` does before the gateway
+        serves) and starts the periodic scrapes at evenly spread random phases. `on_done` is called
+        with each trace as its request ends (keep it cheap)."""
+        if self._point is not None and not self.done:
+            raise RuntimeError("a load point is still running")
+        queue, gw, fleet = self.queue, self.gateway, self.config.fleet
+        if not self._scraping:
+            self._scraping = True
+            n = len(self.replicas)
+            for rep in self.replicas:
+                gw.serve_models(rep.index, fleet.model_name, fleet.adapters)
+                gw.scrape(rep.index, rep.engine.stats)
+            for i in range(n):
+                queue.push(queue.now + self.scrape_interval * (i + self.scrape_rng.random()) / n, SCRAPE, i)
+        record = self.config.record_chunks
         if record is None:
             count = load.max_requests if load.max_requests is not None else _known_size(specs)
             record = count is not None and count <= AUTO_CHUNK_REQUESTS
-        self.record_chunks = record
-        self.itl = ItlHistogram()
-        self.open: dict[str, OpenRequest] = {}
-        self.traces: list[RequestTrace] = []
-        self.next_id = 0
-        self.incomplete = 0
-        self.prompt_tokens = 0
-        self.timeouts: list[tuple[float, int, str]] = []
-        self.alarm_at: float | None = None
-        self.arrival_pending = False
-        self.sends_pending = 0
-        self.tokenize_s = self.route_s = self.engine_s = self.scrape_s = 0.0
-        self._started: tuple[float, float] | None = None
-
-    def _timed(self, specs: Iterable[RequestSpec]) -> Iterator[RequestSpec]:
-        it = iter(specs)
-        clock = time.perf_counter
-        while True:
-            t0 = clock()
-            spec = next(it, None)
-            self._workload_s += clock() - t0
-            if spec is None:
-                return
-            yield spec
-
-    # -- the loop -------------------------------------------------------------------------------------
-
-    def start(self) -> None:
-        """Scrape every replica once and schedule the load (as `FleetScraper.start()` scrapes before
-        the gateway serves), then the periodic scrapes at evenly spread random phases. Once."""
-        if self._started is not None:
-            raise RuntimeError("the simulation has already started")
-        self._started = (time.perf_counter(), time.process_time())
-        queue, gw, fleet = self.queue, self.gateway, self.config.fleet
-        n = len(self.replicas)
-        for rep in self.replicas:
-            gw.serve_models(rep.index, fleet.model_name, fleet.adapters)
-            gw.scrape(rep.index, rep.engine.stats)
-        for i in range(n):
-            queue.push(self.scrape_interval * (i + self.scrape_rng.random()) / n, SCRAPE, i)
-        for spec, start in self.clients.start(0.0):
+        now = queue.now
+        point = self._point = _Point(load, now, record, on_done)
+        point.events0 = queue.processed
+        point.tokens0 = self.tokenizer.tokens_encoded
+        point.stats0 = [_counters(rep) for rep in self.replicas]
+        point.routed0 = [rep.routed for rep in self.replicas]
+        point.clients = clients = LoadClients(self._timed(specs, point), load, start=now)
+        for spec, start in clients.start(now):
             self._push_send(spec, start)
-        if self.clients.next_arrival is not None:
-            self.arrival_pending = True
-            queue.push(self.clients.next_arrival, ARRIVAL)
-        drain_at = self.load.duration_s + self.load.drain_timeout_s
+        if clients.next_arrival is not None:
+            point.arrival_pending = True
+            queue.push(clients.next_arrival, ARRIVAL)
+        drain_at = now + load.duration_s + load.drain_timeout_s
         if drain_at != float("inf"):
-            queue.push(drain_at, DRAIN)
+            queue.push(drain_at, DRAIN, point)
 
     @property
     def done(self) -> bool:
-        """Nothing is in flight and nothing more will be sent (pending scrapes do not count)."""
-        return not (self.open or self.sends_pending or self.arrival_pending)
+        """The load point has nothing in flight and will send nothing more (scrapes do not count)."""
+        p = self._point
+        return p is None or not (p.open or p.sends_pending or p.arrival_pending)
+
+    @property
+    def open(self) -> dict[str, OpenRequest]:
+        return self._require().open
+
+    @property
+    def traces(self) -> list[RequestTrace]:
+        return self._require().traces
 
     def step(self) -> bool:
-        """Process the next event. False (and nothing done) once the run is `done`."""
+        """Process the next event. False (and nothing done) once the load point is `done`."""
         if self.done:
             return False
         kind, arg = self.queue.pop()
         self._handle(kind, arg)
         return True
 
-    def run(self) -> DesResult:
-        """`start()`, every event until `done`, and the outcome."""
-        if self._started is None:
-            self.start()
+    def run(
+        self,
+        specs: Iterable[RequestSpec],
+        load: LoadConfig,
+        *,
+        on_done: Callable[[RequestTrace], None] | None = None,
+    ) -> DesResult:
+        """One load point from now to its end (`begin`, every event until `done`, `finish`)."""
+        self.begin(specs, load, on_done=on_done)
+        point = self._require()
         pop, handle = self.queue.pop, self._handle
-        while self.open or self.sends_pending or self.arrival_pending:
+        while point.open or point.sends_pending or point.arrival_pending:
             kind, arg = pop()
             handle(kind, arg)
-        return self.result()
+        return self.finish()
+
+    def _require(self) -> _Point:
+        if self._point is None:
+            raise RuntimeError("no load point has begun")
+        return self._point
+
+    def _timed(self, specs: Iterable[RequestSpec], point: _Point) -> Iterator[RequestSpec]:
+        it = iter(specs)
+        clock = time.perf_counter
+        while True:
+            t0 = clock()
+            spec = next(it, None)
+            point.workload_s += clock() - t0
+            if spec is None:
+                return
+            yield spec
 
     def _handle(self, kind: int, arg: Any) -> None:
         if kind == STEP_END:
@@ -169,47 +222,53 @@ class Simulation:
             queue = self.queue
             t0 = time.perf_counter()
             self.gateway.scrape(arg, self.replicas[arg].engine.stats)
-            self.scrape_s += time.perf_counter() - t0
+            if self._point is not None:
+                self._point.scrape_s += time.perf_counter() - t0
             queue.push(queue.now + self.scrape_interval * self.scrape_rng.uniform(0.9, 1.1), SCRAPE, arg)
         elif kind == SEND:
-            self.sends_pending -= 1
+            self._require().sends_pending -= 1
             self._send(*arg)
         elif kind == ROUTE:
             self._route(arg)
         elif kind == ARRIVAL:
-            clients = self.clients
+            point = self._require()
+            clients = point.clients
+            assert clients is not None
             for spec, start in clients.arrive(self.queue.now):
                 self._send(spec, start)
-            self.arrival_pending = clients.next_arrival is not None
+            point.arrival_pending = clients.next_arrival is not None
             if clients.next_arrival is not None:
                 self.queue.push(clients.next_arrival, ARRIVAL)
         elif kind == ALARM:
-            self._alarm()
-        elif kind == DRAIN:
+            if arg is self._point:  # not one left over from an earlier load point
+                self._alarm()
+        elif kind == DRAIN and arg is self._point:
             self._drain()
 
     # -- requests -------------------------------------------------------------------------------------
 
     def _send(self, spec: RequestSpec, start: float) -> None:
+        point = self._require()
         now = self.queue.now
         self.next_id += 1
-        o = OpenRequest(spec, start, str(self.next_id), self.record_chunks)
-        self.open[o.engine_id] = o
-        deadline = start + self.load.request_timeout_s
+        o = OpenRequest(spec, start, str(self.next_id), point.record_chunks)
+        point.open[o.engine_id] = o
+        deadline = start + point.load.request_timeout_s
         if deadline <= now:  # it waited for a connection longer than the whole timeout
             self._fail(o, 0, self._timeout_error())
             return
-        heapq.heappush(self.timeouts, (deadline, self.next_id, o.engine_id))
-        if self.alarm_at is None or deadline < self.alarm_at:
-            self.alarm_at = deadline
-            self.queue.push(deadline, ALARM)
+        heapq.heappush(point.timeouts, (deadline, self.next_id, o.engine_id))
+        if point.alarm_at is None or deadline < point.alarm_at:
+            point.alarm_at = deadline
+            self.queue.push(deadline, ALARM, point)
         if self.config.gateway_overhead_s:
             self.queue.push(now + self.config.gateway_overhead_s, ROUTE, o)
         else:
             self._route(o)
 
     def _route(self, o: OpenRequest) -> None:
-        if o.engine_id not in self.open:
+        point = self._require()
+        if o.engine_id not in point.open:
             return  # timed out or drained before the gateway got to it
         now = self.queue.now
         spec, perf = o.spec, time.perf_counter
@@ -218,11 +277,11 @@ class Simulation:
         try:
             ids = body_prompt_ids(self.tokenizer, spec.endpoint, body)
         except PromptError as err:
-            self.tokenize_s += perf() - t0
+            point.tokenize_s += perf() - t0
             self._fail(o, 400, f"http: 400 {err}")
             return
         t1 = perf()
-        self.tokenize_s += t1 - t0
+        point.tokenize_s += t1 - t0
         gw = self.gateway
         try:
             info = gw.request_info(
@@ -230,14 +289,14 @@ class Simulation:
             )
             routed = gw.route(info, now)
         except RouteError as err:
-            self.route_s += perf() - t1
+            point.route_s += perf() - t1
             self._fail(o, err.status, f"http: {err.status} {err.message}")
             return
-        self.route_s += perf() - t1
+        point.route_s += perf() - t1
         o.routed = routed
         o.replica = routed.replica
         o.prompt_tokens = len(ids)
-        self.prompt_tokens += len(ids)
+        point.prompt_tokens += len(ids)
         rep = self.replicas[routed.replica]
         max_tokens = _engine_max_tokens(spec.endpoint, body)
         error = rep.engine.validate(len(ids), max_tokens)
@@ -253,7 +312,8 @@ class Simulation:
     def _start_step(self, rep: SimReplica, now: float) -> None:
         t0 = time.perf_counter()
         result = rep.start_step(now)
-        self.engine_s += time.perf_counter() - t0
+        if self._point is not None:
+            self._point.engine_s += time.perf_counter() - t0
         if result is not None:
             self.queue.push(result.end, STEP_END, rep.index)
 
@@ -262,9 +322,9 @@ class Simulation:
         assert result is not None
         end = self.queue.now
         self._start_step(rep, end)  # the live driver steps again before its handlers write
-        opened = self.open
-        get = opened.get
-        if self.record_chunks:
+        point = self._require()
+        get = point.open.get
+        if point.record_chunks:
             for rid, _, index, _ in result.tokens:
                 o = get(rid)
                 if o is None:
@@ -274,7 +334,7 @@ class Simulation:
                 o.last = end
                 o.chunks.append(end)  # type: ignore[union-attr]  # record_chunks: always a list
         else:
-            counts = self.itl.counts
+            counts = point.itl.counts
             for rid, _, index, _ in result.tokens:
                 o = get(rid)
                 if o is None:
@@ -293,18 +353,20 @@ class Simulation:
                                  cached_tokens=finished.cached_tokens, replica_name=rep.name))
 
     def _end(self, o: OpenRequest, trace: RequestTrace) -> None:
-        del self.open[o.engine_id]
+        point = self._require()
+        del point.open[o.engine_id]
         if o.routed is not None:
             self.gateway.finished(o.routed)
-        self.traces.append(trace)
-        if self.on_done is not None:
-            self.on_done(trace)
+        point.traces.append(trace)
+        if point.on_done is not None:
+            point.on_done(trace)
         now = self.queue.now
-        for spec, start in self.clients.finished(o.spec, now):
+        assert point.clients is not None
+        for spec, start in point.clients.finished(o.spec, now):
             self._push_send(spec, start)
 
     def _push_send(self, spec: RequestSpec, start: float) -> None:
-        self.sends_pending += 1
+        self._require().sends_pending += 1
         self.queue.push(self.queue.now, SEND, (spec, start))
 
     def _fail(self, o: OpenRequest, status: int, error: str) -> None:
@@ -313,13 +375,14 @@ class Simulation:
                              replica_name=name))
 
     def _timeout_error(self) -> str:
-        return f"timeout: no complete response within {self.load.request_timeout_s:g}s"
+        return f"timeout: no complete response within {self._require().load.request_timeout_s:g}s"
 
     def _alarm(self) -> None:
         now = self.queue.now
-        if self.alarm_at != now:
-            return  # superseded by an earlier alarm
-        timeouts, opened = self.timeouts, self.open
+        point = self._point
+        if point is None or point.alarm_at != now:
+            return  # superseded by an earlier alarm, or left over from an earlier point
+        timeouts, opened = point.timeouts, point.open
         while timeouts and (timeouts[0][0] <= now or timeouts[0][2] not in opened):
             _, _, rid = heapq.heappop(timeouts)
             o = opened.get(rid)
@@ -327,9 +390,9 @@ class Simulation:
                 self._abort(o)
                 status = 200 if o.first is not None else 0
                 self._fail(o, status, self._timeout_error())
-        self.alarm_at = timeouts[0][0] if timeouts else None
-        if self.alarm_at is not None:
-            self.queue.push(self.alarm_at, ALARM)
+        point.alarm_at = timeouts[0][0] if timeouts else None
+        if point.alarm_at is not None:
+            self.queue.push(point.alarm_at, ALARM, point)
 
     def _abort(self, o: OpenRequest) -> None:
         """The client left: the gateway cancels the upstream request (the replica frees its blocks)."""
@@ -338,55 +401,67 @@ class Simulation:
 
     def _drain(self) -> None:
         """The drain deadline: cancel what still runs, as the live runner does (not measured)."""
-        self.clients.stop()
-        self.arrival_pending = False
-        self.sends_pending = 0
-        for o in list(self.open.values()):
+        point = self._require()
+        assert point.clients is not None
+        point.clients.stop()
+        point.arrival_pending = False
+        point.sends_pending = 0
+        for o in list(point.open.values()):
             self._abort(o)
-            del self.open[o.engine_id]
+            del point.open[o.engine_id]
             if o.routed is not None:
                 self.gateway.finished(o.routed)
-            self.incomplete += 1
+            point.incomplete += 1
 
     # -- the outcome ----------------------------------------------------------------------------------
 
-    def result(self) -> DesResult:
-        """The outcome so far (call once `done`); wall and CPU seconds count from `start()`."""
-        assert self._started is not None, "start() has not run"
-        wall_s = time.perf_counter() - self._started[0]
-        cpu_s = time.process_time() - self._started[1]
+    def finish(self) -> DesResult:
+        """The current load point's outcome (call once `done`): counters are increases over the point,
+        wall and CPU seconds count from its `begin`."""
+        point = self._require()
+        wall_s = time.perf_counter() - point.wall0
+        cpu_s = time.process_time() - point.cpu0
         reports = []
         queries = hits = preemptions = 0
-        for rep in self.replicas:
-            s = rep.engine.stats
-            q, h = s.prefix_cache_queries_tokens, s.prefix_cache_hits_tokens
+        for rep, before, routed0 in zip(self.replicas, point.stats0, point.routed0, strict=True):
+            (q0, h0, pre0, gen0, steps0, busy0), now = before, _counters(rep)
+            q, h, pre, gen, steps, busy = (now[0] - q0, now[1] - h0, now[2] - pre0, now[3] - gen0,
+                                           now[4] - steps0, now[5] - busy0)
             queries += q
             hits += h
-            preemptions += s.num_preemptions
+            preemptions += pre
             reports.append(ReplicaReport(
-                name=rep.name, requests=rep.routed, prefix_queries_tokens=q, prefix_hits_tokens=h,
-                prefix_hit_rate=h / q if q else None, preemptions=s.num_preemptions,
-                generation_tokens=s.generation_tokens, steps=s.steps, busy_s=s.busy_s,
-            ))
+                name=rep.name, requests=rep.routed - routed0, prefix_queries_tokens=q, prefix_hits_tokens=h,
+                prefix_hit_rate=h / q if q else None, preemptions=pre, generation_tokens=gen, steps=steps,
+                busy_s=busy,
+            ))  # fmt: skip
+        assert point.clients is not None
         return DesResult(
             config=self.config,
-            load=self.load,
-            traces=self.traces,
-            warmup_end=self.load.warmup_s,
-            itl=None if self.record_chunks else self.itl.stats(),
+            load=point.load,
+            traces=point.traces,
+            warmup_end=point.start + point.load.warmup_s,
+            itl=None if point.record_chunks else point.itl.stats(),
             fleet=FleetDelta(prefix_queries=queries, prefix_hits=hits, preemptions=preemptions),
             replicas=tuple(reports),
-            sent=self.clients.dispensed,
-            incomplete=self.incomplete,
-            events=self.queue.processed,
+            sent=point.clients.dispensed,
+            incomplete=point.incomplete,
+            events=self.queue.processed - point.events0,
             wall_s=wall_s,
             cpu_s=cpu_s,
-            virtual_s=self.queue.now,
+            virtual_s=self.queue.now - point.start,
             peak_rss_bytes=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
-            timings=DesTimings(self._workload_s, self.tokenize_s, self.route_s, self.engine_s, self.scrape_s),
-            tokens_encoded=self.tokenizer.tokens_encoded,
-            prompt_tokens=self.prompt_tokens,
+            timings=DesTimings(point.workload_s, point.tokenize_s, point.route_s, point.engine_s,
+                               point.scrape_s),
+            tokens_encoded=self.tokenizer.tokens_encoded - point.tokens0,
+            prompt_tokens=point.prompt_tokens,
         )
+
+
+def _counters(rep: SimReplica) -> tuple[int, int, int, int, int, float]:
+    s = rep.engine.stats
+    return (s.prefix_cache_queries_tokens, s.prefix_cache_hits_tokens, s.num_preemptions,
+            s.generation_tokens, s.steps, s.busy_s)
 
 
 def _known_size(specs: Iterable[RequestSpec]) -> int | None:

@@ -58,13 +58,12 @@ def test_gateway_overhead_shifts_every_time_by_the_same_amount() -> None:
 
 def test_closed_loop_holds_exactly_its_concurrency_in_flight() -> None:
     work = RandomWorkload(requests=60, prompt_tokens=64, output_tokens=8, model=MODEL, seed=2)
-    sim = Simulation(work.requests(), DesConfig(replace(TINY, replicas=2)), closed(5))
-    sim.start()
+    sim = Simulation(DesConfig(replace(TINY, replicas=2)))
+    sim.begin(work.requests(), closed(5))
     seen = set()
     while sim.step():
         seen.add(len(sim.open))
-        assert sim.clients.in_flight == len(sim.open) + sim.sends_pending
-    result = sim.result()
+    result = sim.finish()
     assert max(seen) == 5 and len(result.traces) == 60 and all(t.ok for t in result.traces)
     # From the traces alone: at no instant more than 5 requests between start and end.
     edges = sorted([(t.end, -1) for t in result.traces] + [(t.start, 1) for t in result.traces])
@@ -104,8 +103,8 @@ def test_the_gateways_picture_changes_only_at_scrapes_except_its_own_in_flight_c
     # One replica that runs at most 2 sequences: with 6 clients, 4 wait in its engine queue.
     fleet = FleetSpec(replicas=1, profile="tiny", engine=EngineConfig(max_num_seqs=2))
     work = RandomWorkload(requests=40, prompt_tokens=64, output_tokens=16, model=MODEL, seed=3)
-    sim = Simulation(work.requests(), DesConfig(fleet, scrape_interval_s=0.05), closed(6))
-    sim.start()
+    sim = Simulation(DesConfig(fleet, scrape_interval_s=0.05))
+    sim.begin(work.requests(), closed(6))
     last = sim.gateway.fleet.snapshot().replicas[0]
     scrape_times = set()
     stale_seen = in_flight_moved_between_scrapes = False
@@ -169,8 +168,8 @@ def test_errors_come_back_as_the_replica_or_gateway_would_answer() -> None:
     bad_model = RequestSpec(request_id="m", endpoint="chat", body=chat_body("nope", None, "Hi.", 4))
     too_long = RequestSpec(request_id="l", endpoint="chat", body=chat_body(MODEL, None, "Hi.", 10**6))
     ok = RequestSpec(request_id="k", endpoint="chat", body=chat_body(MODEL, None, "Hi.", 4))
-    sim = Simulation([bad_model, too_long, ok], DesConfig(TINY), closed(1))
-    result = sim.run()
+    sim = Simulation(DesConfig(TINY))
+    result = sim.run([bad_model, too_long, ok], closed(1))
     by_id = {t.request_id: t for t in result.traces}
     assert sim.gateway.fleet.snapshot().replicas[0].in_flight == 0  # failures released their count
     assert by_id["m"].status == 404 and by_id["l"].status == 400 and by_id["k"].ok
@@ -184,3 +183,21 @@ def test_eight_replicas_two_thousand_requests() -> None:
     assert {r.name for r in result.replicas} == {f"r{i}" for i in range(8)}
     assert sum(r.requests for r in result.replicas) == 2_000
     assert result.events > 2_000 and result.virtual_s > 0
+
+
+def test_consecutive_load_points_share_the_fleet_and_count_their_own_increases() -> None:
+    work = sized_shared_prefix(seed=6)
+    specs = list(work.requests())
+    sim = Simulation(DesConfig(replace(TINY, replicas=8)))
+    first = sim.run(specs[:160], LoadConfig(concurrency=8, duration_s=5.0, drain_timeout_s=5.0))
+    t1 = sim.queue.now
+    second = sim.run(specs[160:], LoadConfig(concurrency=8, duration_s=INF, warmup_s=0.01))
+    cold = run_des(specs[160:], DesConfig(replace(TINY, replicas=8)), closed(8))
+    assert min(t.start for t in second.traces) == t1 and second.warmup_end == t1 + 0.01
+    assert first.sent + second.sent == len(specs) and second.incomplete == 0
+    assert sum(r.requests for r in second.replicas) == len(specs) - 160
+    for point in (first, second):  # each point's lookups are its own requests' prompts
+        assert point.fleet.prefix_queries == sum(t.prompt_tokens or 0 for t in point.traces)
+    assert second.fleet.prefix_hit_rate is not None and cold.fleet.prefix_hit_rate is not None
+    assert second.fleet.prefix_hit_rate > cold.fleet.prefix_hit_rate  # the first point warmed the caches
+    assert second.virtual_s == pytest.approx(sim.queue.now - t1)
