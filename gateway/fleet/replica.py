@@ -28,6 +28,7 @@ from policies.types import ReplicaState
 # toward `eject_after_failures`.
 HARD_FAILURES = frozenset({"connect", "unhealthy"})
 _MAX_DOUBLINGS = 62  # 2**62 seconds is beyond any cap; keeps the float exponent bounded
+_UNSCRAPED = ReplicaMetrics(running=0, waiting=0, kv_usage=0.0)  # stands in until the first scrape
 
 
 class ReplicaRecord:
@@ -157,13 +158,7 @@ class ReplicaRecord:
     # -- the frozen view ------------------------------------------------------------------------
 
     def to_state(self) -> ReplicaState:
-        m = self.metrics
-        if m is None:
-            return ReplicaState(
-                name=self.name, url=self.url, pool=self.pool, healthy=self.ejected_until is None,
-                in_flight=self.in_flight, in_flight_tokens=self.in_flight_tokens,
-                adapters=self.adapters, labels=self.labels,
-            )
+        m = self.metrics or _UNSCRAPED
         return ReplicaState(
             name=self.name,
             url=self.url,
@@ -175,7 +170,7 @@ class ReplicaRecord:
             kv_usage=m.kv_usage,
             in_flight=self.in_flight,
             in_flight_tokens=self.in_flight_tokens,
-            block_size=m.block_size or 16,
+            block_size=m.block_size or 16,  # ReplicaState's default; capacity stays 0 while unknown
             num_gpu_blocks=m.num_gpu_blocks or 0,
             max_loras=m.max_loras or 0,
             adapters=self.adapters,
