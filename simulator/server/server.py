@@ -24,7 +24,16 @@ _DRAIN_TIMEOUT_S = 2.0
 
 class ExposingHttpToolsProtocol(HttpToolsProtocol):
     """uvicorn's httptools protocol that also puts the transport into the ASGI scope's extensions,
-    so the crash fault can drop a connection mid-response."""
+    so the crash fault can drop a connection mid-response, and sets TCP_NODELAY on each accepted
+    connection (asyncio does not when the listening socket's proto is 0; without it Nagle can hold a
+    small write behind the client's delayed ACK, ~40 ms, which is no part of what we simulate)."""
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:  # type: ignore[override]
+        sock = transport.get_extra_info("socket")
+        if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        super().connection_made(transport)  # type: ignore[arg-type]
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
