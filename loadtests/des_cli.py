@@ -1,0 +1,276 @@
+"""`python -m loadtests.des_cli`: what-if runs of the benchmark on a simulated fleet, in virtual time.
+
+The same workload generators, load semantics and kvgate routing as `kvgate bench`, over the
+simulator's engine model with no HTTP and no wall clock (`loadtests.des`), so fleets and request
+counts far beyond this machine fit: e.g. 256 replicas and 10^5 requests::
+
+    python -m loadtests.des_cli --replicas 256 --profile llama-3-8b-h100 --workload shared-prefix \\
+        --system-prompt-tokens 6000 --question-tokens 256 --output-tokens 128 \\
+        --requests 100000 --concurrency 2048 --policy default,round-robin --out results/des-256
+
+Per policy, one simulated fleet and gateway take the warm-up (`--warmup-requests`, unmeasured) and
+then each load point in turn, each point `--requests` requests: the next slice of one seeded request
+stream, the same slices for every policy (as `kvgate bench` does). Every time and rate is in
+simulated seconds. Writes `results.json` (the bench's schema; records add `driver: "des"` and a `des`
+object: wall/CPU time, events, per-replica hit rates, ...), `summary.md` and the plots to `--out`,
+and prints one line per run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import itertools
+import math
+import shlex
+import sys
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from loadtests.des import DesConfig, FleetSpec, Simulation
+from loadtests.des.outcome import DesResult
+from loadtests.measures import RequestTrace
+from loadtests.report import write_report
+from loadtests.results import make_meta, write_results
+from loadtests.runner import LoadConfig
+from loadtests.slo import Slo, parse_slo
+from loadtests.workloads import (
+    WORKLOAD_TYPES,
+    LoraMixWorkload,
+    MultiTurnWorkload,
+    NoisyNeighbourWorkload,
+    RandomWorkload,
+    SharedPrefixWorkload,
+    Workload,
+)
+from loadtests.workloads.spec import RequestSpec
+from simulator.engine import EngineConfig
+
+INF = float("inf")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m loadtests.des_cli", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    fleet = p.add_argument_group("fleet")
+    fleet.add_argument("--replicas", type=int, default=4)
+    fleet.add_argument("--profile", default="llama-3-8b-h100", help="simulator profile (llama-3-8b-h100)")
+    fleet.add_argument("--kv-blocks", type=int, default=None, help="KV blocks per replica (the profile's)")
+    fleet.add_argument("--block-size", type=int, default=16)
+    fleet.add_argument("--max-num-seqs", type=int, default=256)
+    fleet.add_argument("--max-num-batched-tokens", type=int, default=8192)
+    fleet.add_argument("--max-loras", type=int, default=None,
+                       help="adapter slots per replica (default: 2 for lora-mix, else 0)")
+    gw = p.add_argument_group("gateway")
+    gw.add_argument("--policy", default="default",
+                    help="scheduling profile(s), comma-separated: default, round-robin, least-loaded, "
+                         "prefix-only, random, or one of --gateway-config's (default: default)")
+    gw.add_argument("--gateway-config", type=Path, default=None,
+                    help="a kvgate YAML config: its scheduling, fleet and models settings apply "
+                         "(its replicas are replaced by the simulated ones)")
+    gw.add_argument("--tokenizer", choices=("none", "sim"), default=None,
+                    help="gateway prefix keys: none = byte blocks (the live default), sim = token blocks")
+    gw.add_argument("--scrape-interval", type=float, default=None,
+                    help="simulated seconds between scrapes of a replica (default: the config's, 0.2)")
+    gw.add_argument("--gateway-overhead-ms", type=float, default=0.0,
+                    help="fixed gateway delay per request, simulated ms (default 0; no network delay)")
+    wl = p.add_argument_group("workload (lengths in tokens)")
+    wl.add_argument("--workload", choices=sorted(WORKLOAD_TYPES), default="shared-prefix")
+    wl.add_argument("--system-prompt-tokens", type=int, default=2048)
+    wl.add_argument("--question-tokens", type=int, default=256)
+    wl.add_argument("--prompt-tokens", type=int, default=1024, help="random, lora-mix, noisy-neighbour")
+    wl.add_argument("--user-tokens", type=int, default=256, help="multi-turn")
+    wl.add_argument("--turns", type=int, default=4, help="multi-turn")
+    wl.add_argument("--output-tokens", type=int, default=64)
+    wl.add_argument("--groups", type=int, default=None,
+                    help="shared-prefix groups (default: sized to --target-multiple x one replica's KV)")
+    wl.add_argument("--target-multiple", type=float, default=4.0)
+    wl.add_argument("--adapters", type=int, default=8, help="lora-mix adapters")
+    load = p.add_argument_group("load (simulated seconds)")
+    mode = load.add_mutually_exclusive_group()
+    mode.add_argument("--concurrency", default=None, help="closed loop, comma-separated points (default 16)")
+    mode.add_argument("--rate", default=None, help="open loop requests/s, comma-separated points")
+    load.add_argument("--burstiness", type=float, default=1.0, help="open loop gamma shape (1 = Poisson)")
+    load.add_argument("--requests", type=int, default=1000, help="requests per load point")
+    load.add_argument("--warmup-requests", type=int, default=0, help="unmeasured requests before the points")
+    load.add_argument("--warmup-s", type=float, default=0.0, help="unmeasured start of each point")
+    load.add_argument("--duration", type=float, default=INF, help="bound of each point (default: none)")
+    load.add_argument("--drain", type=float, default=60.0, help="then cut what still runs after this")
+    load.add_argument("--timeout", type=float, default=300.0, help="request timeout")
+    p.add_argument("--slo", default="ttft=1s,tpot=100ms", help="goodput thresholds (ttft=1s,tpot=100ms)")
+    p.add_argument("--seed", type=int, default=0)
+    chunks = p.add_mutually_exclusive_group()
+    chunks.add_argument("--chunk-times", dest="chunk_times", action="store_true", default=None,
+                        help="keep every token time in the traces (default: up to 20k requests)")
+    chunks.add_argument("--no-chunk-times", dest="chunk_times", action="store_false")
+    p.add_argument("--out", type=Path, default=None, help="results directory (default: print only)")
+    p.add_argument("--no-progress", action="store_true")
+    return p
+
+
+def _points(text: str | None, cast: type[float] | type[int]) -> list[float]:
+    if text is None:
+        return []
+    return [float(cast(v)) for v in text.split(",") if v.strip()]
+
+
+def build_workload(args: argparse.Namespace, fleet: FleetSpec, total: int) -> Workload:
+    """The `--workload` for this fleet, yielding at least `total` specs."""
+    model, seed = fleet.model_name, args.seed
+    if args.workload == SharedPrefixWorkload.name:
+        common: dict[str, Any] = dict(system_prompt_tokens=args.system_prompt_tokens,
+                                      question_tokens=args.question_tokens, output_tokens=args.output_tokens,
+                                      model=model, seed=seed)  # fmt: skip
+        if args.groups:
+            return SharedPrefixWorkload(groups=args.groups, prompts_per_group=math.ceil(total / args.groups),
+                                        **common)  # fmt: skip
+        kv = (args.kv_blocks or fleet.model_profile.num_gpu_blocks(args.block_size)) * args.block_size
+        probe = SharedPrefixWorkload.sized(replica_kv_tokens=kv, replicas=fleet.replicas, prompts_per_group=1,
+                                           target_multiple=args.target_multiple, **common)  # fmt: skip
+        return SharedPrefixWorkload.sized(replica_kv_tokens=kv, replicas=fleet.replicas,
+                                          prompts_per_group=math.ceil(total / probe.groups),
+                                          target_multiple=args.target_multiple, **common)  # fmt: skip
+    if args.workload == RandomWorkload.name:
+        return RandomWorkload(requests=total, prompt_tokens=args.prompt_tokens,
+                              output_tokens=args.output_tokens, model=model, seed=seed)  # fmt: skip
+    if args.workload == MultiTurnWorkload.name:
+        return MultiTurnWorkload(conversations=math.ceil(total / args.turns), turns=args.turns,
+                                 system_prompt_tokens=args.system_prompt_tokens, user_tokens=args.user_tokens,
+                                 output_tokens=args.output_tokens, model=model, seed=seed)  # fmt: skip
+    if args.workload == LoraMixWorkload.name:
+        return LoraMixWorkload(adapters=list(fleet.adapters), requests=total,
+                               prompt_tokens=args.prompt_tokens, output_tokens=args.output_tokens,
+                               base_model=model, seed=seed)  # fmt: skip
+    return NoisyNeighbourWorkload(requests=total, prompt_tokens=args.prompt_tokens,
+                                  output_tokens=args.output_tokens, model=model, seed=seed)  # fmt: skip
+
+
+def fleet_spec(args: argparse.Namespace) -> FleetSpec:
+    lora = args.workload == LoraMixWorkload.name
+    max_loras = args.max_loras if args.max_loras is not None else (2 if lora else 0)
+    engine = EngineConfig(block_size=args.block_size, num_gpu_blocks=args.kv_blocks,
+                          max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
+                          max_loras=max_loras)  # fmt: skip
+    adapters = tuple(f"lora-{i}" for i in range(args.adapters)) if lora else ()
+    return FleetSpec(replicas=args.replicas, profile=args.profile, engine=engine, adapters=adapters)
+
+
+def _gateway_base(path: Path | None) -> Any:
+    if path is None:
+        return None
+    from gateway.config import load_config
+
+    return load_config(path)
+
+
+def run(args: argparse.Namespace, command: str) -> list[dict[str, Any]]:
+    fleet = fleet_spec(args)
+    slo = parse_slo(args.slo) if args.slo else None
+    closed = _points(args.concurrency, int) or ([] if args.rate else [16.0])
+    rates = _points(args.rate, float)
+    points = [("closed", c) for c in closed] + [("open", r) for r in rates]
+    total = args.warmup_requests + args.requests * len(points)
+    workload = build_workload(args, fleet, total)
+    base = _gateway_base(args.gateway_config)
+    policies = [p.strip() for p in args.policy.split(",") if p.strip()]
+    records: list[dict[str, Any]] = []
+    with _progress(total * len(policies), not args.no_progress) as tick:
+        for policy in policies:
+            config = DesConfig(fleet, policy=policy, gateway=base, tokenizer=args.tokenizer,
+                               scrape_interval_s=args.scrape_interval,
+                               gateway_overhead_s=args.gateway_overhead_ms / 1e3,
+                               record_chunks=args.chunk_times, seed=args.seed)  # fmt: skip
+            sim = Simulation(config)
+            stream = iter(workload.requests())
+            if args.warmup_requests:
+                # As kvgate bench: closed loop at the top concurrency, at most 2 per replica.
+                warm = LoadConfig(concurrency=int(min(max(closed or [16.0]), 2 * args.replicas)),
+                                  max_requests=args.warmup_requests, duration_s=INF,
+                                  seed=args.seed)  # fmt: skip
+                sim.run(_take(stream, args.warmup_requests), warm, on_done=tick)
+            for mode, value in points:
+                load = LoadConfig(
+                    concurrency=int(value) if mode == "closed" else None,
+                    rate=value if mode == "open" else None,
+                    burstiness=args.burstiness, max_requests=args.requests, duration_s=args.duration,
+                    warmup_s=args.warmup_s, drain_timeout_s=args.drain, request_timeout_s=args.timeout,
+                    seed=args.seed,
+                )  # fmt: skip
+                result = sim.run(_take(stream, args.requests), load, on_done=tick)
+                record = result.to_record(workload=workload.name, slo=slo)
+                records.append(record)
+                print(_line(record, result), flush=True)
+    if args.out is not None:
+        meta = make_meta(command=command, slo=slo, simulator_profile=fleet.profile, time_scale=None,
+                         fleet_size=fleet.replicas, driver="des",
+                         clock="virtual: simulated seconds of a discrete-event run, no wall clock",
+                         fleet={"replicas": fleet.replicas, "profile": fleet.profile,
+                                "kv_blocks": args.kv_blocks, "model": fleet.model_name},
+                         workloads=[workload.describe()], policies=policies)  # fmt: skip
+        write_results(args.out / "results.json", meta, records)
+        write_report({"meta": meta, "runs": records}, args.out)
+    return records
+
+
+def _take(stream: Iterator[RequestSpec], n: int) -> Iterator[RequestSpec]:
+    return itertools.islice(stream, n)
+
+
+def _line(record: dict[str, Any], result: DesResult) -> str:
+    load = f"c={record['concurrency']}" if record["mode"] == "closed" else f"rate={record['rate']:g}/s"
+    des = record["des"]
+
+    def s(v: float | None) -> str:
+        return "-" if v is None else f"{v:.3f}s"
+
+    hit = record["prefix_hit_rate"]
+    return (
+        f"{record['policy']:>13} {record['workload']} {load}: {record['completed']}/{record['requests']} ok, "
+        f"TTFT p50 {s(record['ttft_p50_s'])} p90 {s(record['ttft_p90_s'])}, "
+        f"TPOT p90 {s(record['tpot_p90_s'])}, "
+        f"{record['output_tok_s']:.0f} tok/s, hit rate {'-' if hit is None else f'{hit:.1%}'}; "
+        f"wall {des['wall_s']:.1f}s (CPU {des['cpu_s']:.1f}s), {des['events']} events "
+        f"({result.events_per_s:.0f}/s), {des['virtual_s']:.1f} simulated s, "
+        f"peak RSS {des['peak_rss_mb']:.0f} MB"
+    )
+
+
+@contextlib.contextmanager
+def _progress(total: int, enabled: bool) -> Iterator[Any]:
+    if not enabled:
+        yield None
+        return
+    from tqdm import tqdm
+
+    bar = tqdm(total=total, unit="req", dynamic_ncols=True, mininterval=1.0)
+
+    def tick(_trace: RequestTrace) -> None:
+        bar.update(1)
+
+    try:
+        yield tick
+    finally:
+        bar.close()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.requests < 1 or args.replicas < 1:
+        parser.error("--requests and --replicas must be >= 1")
+    try:
+        Slo() if not args.slo else parse_slo(args.slo)
+    except ValueError as err:
+        parser.error(str(err))
+    command = "python -m loadtests.des_cli " + shlex.join(sys.argv[1:] if argv is None else list(argv))
+    try:
+        run(args, command)
+    except ValueError as err:
+        print(f"des_cli: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,46 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from loadtests.des_cli import build_parser, build_workload, fleet_spec, main
+from loadtests.results import load_results
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def test_a_sweep_writes_the_benchs_results_directory(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "des"
+    code = main(["--replicas", "8", "--profile", "tiny", "--requests", "40", "--warmup-requests", "8",
+                 "--concurrency", "2,8", "--policy", "default,round-robin", "--system-prompt-tokens", "256",
+                 "--question-tokens", "16", "--output-tokens", "4", "--out", str(out), "--no-progress"])
+    assert code == 0
+    doc = load_results(out / "results.json")
+    assert doc["meta"]["driver"] == "des" and doc["meta"]["fleet_size"] == 8
+    runs = doc["runs"]
+    assert [(r["policy"], r["concurrency"]) for r in runs] == [
+        ("default", 2), ("default", 8), ("round-robin", 2), ("round-robin", 8)]
+    assert all(r["driver"] == "des" and r["completed"] == 40 for r in runs)
+    assert (out / "summary.md").exists() and list(out.glob("*.png"))
+    assert capsys.readouterr().out.count("TTFT p50") == 4
+
+
+def test_open_loop_and_other_workloads_build() -> None:
+    parser = build_parser()
+    for workload in ("random", "multi-turn", "lora-mix", "noisy-neighbour", "shared-prefix"):
+        args = parser.parse_args(["--workload", workload, "--replicas", "8", "--profile", "tiny",
+                                  "--system-prompt-tokens", "256", "--rate", "5,10"])
+        fleet = fleet_spec(args)
+        work = build_workload(args, fleet, 30)
+        assert work.size() >= 30
+        assert (fleet.engine.max_loras > 0) == (workload == "lora-mix")
+
+
+def test_bad_arguments_are_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["--concurrency", "4", "--rate", "2"])
+    assert main(["--profile", "nope", "--no-progress"]) == 2
+    assert "unknown profile" in capsys.readouterr().err
