@@ -56,16 +56,19 @@ def bind_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
-def uvicorn_config(app: Any, log_level: str = "warning", **kw: Any) -> uvicorn.Config:
+def uvicorn_config(app: Any, log_level: str = "warning", loop: str = "none", **kw: Any) -> uvicorn.Config:
+    """uvicorn settings for kvgate: `loop="none"` serves in the caller's loop (tests, `kvgate up`)."""
     return uvicorn.Config(
         app,
         lifespan="on",
         access_log=False,
         log_level=log_level,
         http=NoDelayHttpToolsProtocol,
-        loop="none",
+        loop=loop,
         timeout_keep_alive=30,
         backlog=2048,
+        proxy_headers=False,  # kvgate reads no client address; the middleware is pure hot-path cost
+        server_header=False,
         **kw,
     )
 
@@ -125,18 +128,7 @@ def serve_forever(config: Config, host: str, port: int) -> None:
     except ImportError:  # pragma: no cover - uvloop is a dependency on every supported platform
         loop = "asyncio"
     server = uvicorn.Server(
-        uvicorn.Config(
-            KvgateApp(config),
-            host=host,
-            port=port,
-            lifespan="on",
-            access_log=False,
-            log_level=config.server.log_level,
-            http=NoDelayHttpToolsProtocol,
-            loop=loop,
-            timeout_keep_alive=30,
-            backlog=2048,
-        )
+        uvicorn_config(KvgateApp(config), config.server.log_level, loop, host=host, port=port)
     )
     previous = signal.signal(signal.SIGTERM, _exit_cleanly)
     try:
