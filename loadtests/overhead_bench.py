@@ -1,0 +1,192 @@
+"""What kvgate adds to a request: latency through the gateway versus straight to a replica, and CPU.
+
+    python -m loadtests.overhead_bench [--concurrency 1,50,200] [--requests 2000] [--chunks 32]
+
+Three processes on this 2-core machine: kvgate pinned alone to core 0, the simulated replica and this
+load generator sharing core 1 (`taskset`/`sched_setaffinity` when available). The replica runs the
+`tiny` profile with its model time scaled near zero, so what is measured is HTTP, routing and relay
+work. Each concurrency runs the same closed-loop load twice straight to the replica and twice through
+kvgate, interleaved (direct, gateway, direct, gateway) so slow drift of the shared machine hits both.
+
+Reported per concurrency: TTFT p50/p99 direct and through kvgate and their difference (the added
+latency), end-to-end p50, requests/s, and kvgate's CPU per request and per relayed chunk (from
+/proc/<pid>/stat); "chunks relayed per core-second" is chunks relayed / kvgate CPU seconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import aiohttp
+import yaml
+
+from loadtests.runner import LoadConfig, RunResult, run_load
+from loadtests.workloads.random_prompts import RandomWorkload
+
+MODEL = "tiny-llama"
+
+
+def _taskset(core: int) -> list[str]:
+    return ["taskset", "-c", str(core)] if _has_taskset() else []
+
+
+def _has_taskset() -> bool:
+    return subprocess.run(["which", "taskset"], capture_output=True).returncode == 0
+
+
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of a process, seconds."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    ticks = os.sysconf("SC_CLK_TCK")
+    return (int(fields[11]) + int(fields[12])) / ticks
+
+
+@contextlib.contextmanager
+def child(
+    cmd: list[str], ready_prefix: str, timeout: float = 30.0
+) -> Iterator[tuple[subprocess.Popen[str], str]]:
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        assert proc.stdout is not None
+        deadline = time.monotonic() + timeout
+        line = ""
+        while time.monotonic() < deadline:
+            line = proc.stdout.readline()
+            if not line:
+                raise RuntimeError(f"{cmd[0:6]} exited: {proc.poll()}")
+            if line.startswith(ready_prefix):
+                break
+        yield proc, line.strip()
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+async def wait_http(url: str, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    async with aiohttp.ClientSession() as s:
+        while time.monotonic() < deadline:
+            try:
+                async with s.get(url) as r:
+                    if r.status == 200:
+                        return
+            except aiohttp.ClientError:
+                pass
+            await asyncio.sleep(0.1)
+    raise TimeoutError(url)
+
+
+@dataclass
+class Point:
+    concurrency: int
+    direct: list[RunResult]
+    gateway: list[RunResult]
+    gw_cpu_s: float
+    gw_requests: int
+    gw_chunks: int
+
+
+def _pct(results: list[RunResult], attr: str, q: str) -> float:
+    values: list[float] = []
+    for r in results:
+        stats = getattr(r.summarize(), attr)
+        values.append(float(getattr(stats, q)))
+    return sum(values) / len(values)
+
+
+async def measure(args: argparse.Namespace, sim_url: str, gw_url: str, gw_pid: int) -> list[Point]:
+    await wait_http(gw_url + "/ready")
+    with contextlib.suppress(AttributeError, OSError):
+        os.sched_setaffinity(0, {1})
+    points: list[Point] = []
+    for c in args.concurrency:
+        n = max(args.requests, c * 4)
+        wl = RandomWorkload(requests=n, prompt_tokens=args.prompt_tokens, output_tokens=args.chunks,
+                            model=MODEL, seed=c)  # fmt: skip
+        load = LoadConfig(concurrency=c, max_requests=n, duration_s=args.max_seconds, warmup_s=0.0)
+        direct: list[RunResult] = []
+        through: list[RunResult] = []
+        cpu = 0.0
+        for _ in range(args.repeats):
+            direct.append(await run_load(sim_url, list(wl.requests()), load))
+            c0 = cpu_seconds(gw_pid)
+            through.append(await run_load(gw_url, list(wl.requests()), load))
+            cpu += cpu_seconds(gw_pid) - c0
+        reqs = sum(len(r.traces) for r in through)
+        chunks = sum(t.output_tokens for r in through for t in r.traces)
+        points.append(Point(c, direct, through, cpu, reqs, chunks))
+        print_point(points[-1])
+    return points
+
+
+def run(args: argparse.Namespace) -> None:
+    """Start the replica and kvgate as pinned child processes, measure, stop them."""
+    sim_cmd = [*_taskset(1), sys.executable, "-m", "gateway.cli", "sim", "--replicas", "1", "--port", "0",
+               "--profile", "tiny", "--time-scale", str(args.time_scale)]  # fmt: skip
+    with child(sim_cmd, "http://") as (_, sim_url), tempfile.TemporaryDirectory() as tmp:
+        cfg = {"replicas": [{"url": sim_url, "model": MODEL, "name": "r0"}],
+               "upstream": {"connections_per_replica": 4096}}  # fmt: skip
+        cfg_path = Path(tmp) / "kvgate.yaml"
+        cfg_path.write_text(yaml.safe_dump(cfg))
+        gw_cmd = [*_taskset(0), sys.executable, "-m", "gateway.cli", "serve", "--config", str(cfg_path),
+                  "--port", str(args.gateway_port)]  # fmt: skip
+        gw = subprocess.Popen(gw_cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            asyncio.run(measure(args, sim_url, f"http://127.0.0.1:{args.gateway_port}", gw.pid))
+        finally:
+            gw.terminate()
+            gw.wait(10)
+
+
+def print_point(p: Point) -> None:
+    ms = 1000.0
+    d50, d99 = _pct(p.direct, "ttft", "p50"), _pct(p.direct, "ttft", "p99")
+    g50, g99 = _pct(p.gateway, "ttft", "p50"), _pct(p.gateway, "ttft", "p99")
+    e_d, e_g = _pct(p.direct, "e2e", "p50"), _pct(p.gateway, "e2e", "p50")
+    rps_d = sum(r.summarize().requests_s for r in p.direct) / len(p.direct)
+    rps_g = sum(r.summarize().requests_s for r in p.gateway) / len(p.gateway)
+    errors = sum(r.summarize().errors for r in p.gateway + p.direct)
+    cpu_req = p.gw_cpu_s / max(1, p.gw_requests) * 1e6
+    per_core = p.gw_chunks / p.gw_cpu_s if p.gw_cpu_s > 0 else float("nan")
+    print(
+        f"| {p.concurrency} | {d50 * ms:.2f} / {d99 * ms:.2f} | {g50 * ms:.2f} / {g99 * ms:.2f} "
+        f"| {(g50 - d50) * ms:+.2f} / {(g99 - d99) * ms:+.2f} | {e_d * ms:.1f} / {e_g * ms:.1f} "
+        f"| {rps_d:.0f} / {rps_g:.0f} | {cpu_req:.0f} | {per_core:,.0f} | {errors} |",
+        flush=True,
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    p.add_argument("--concurrency", default="1,50,200", type=lambda s: [int(x) for x in s.split(",")])
+    p.add_argument("--requests", type=int, default=2000, help="requests per run (at least 4x concurrency)")
+    p.add_argument("--repeats", type=int, default=2, help="direct/gateway run pairs per concurrency")
+    p.add_argument("--chunks", type=int, default=32, help="output tokens = stream chunks per request")
+    p.add_argument("--prompt-tokens", type=int, default=64)
+    p.add_argument("--time-scale", type=float, default=0.001, help="simulator time scale (near 0)")
+    p.add_argument("--max-seconds", type=float, default=120.0)
+    p.add_argument("--gateway-port", type=int, default=18080)
+    args = p.parse_args(argv)
+    print("| streams | TTFT p50 / p99 direct (ms) | TTFT p50 / p99 via kvgate (ms) | added p50 / p99 (ms) "
+          "| e2e p50 direct / kvgate (ms) | req/s direct / kvgate | kvgate CPU µs/request "
+          "| chunks relayed per core-second | errors |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|---|")
+    run(args)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
