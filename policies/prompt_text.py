@@ -17,8 +17,11 @@ different prompts must not be able to produce the same bytes. The encoding is th
   first prompt (the batch goes to one replica, and the first prompt decides where its prefix lives).
 
 Text that is not valid Unicode (lone surrogates) is kept with `surrogatepass` rather than refused:
-routing is no place to reject a request. Cost: one join and one encode, about 10 µs for a 128 KB
-prompt on this machine; the escaping only runs on text that contains `\\x00` or `\\x01`.
+routing is no place to reject a request. Cost: one join and one encode, 10-25 µs for a 128 KB
+prompt on the benchmark machine, plus ~1 µs of bookkeeping per message; the escaping only runs on
+text that contains `\\x00` or `\\x01`. (With glibc's default malloc settings each temporary of 128 KB
+or more is a fresh mmap, which made the same join and encode cost ~200 µs in a tight loop;
+`MALLOC_MMAP_THRESHOLD_=4194304` in the process environment removes that.)
 """
 
 from __future__ import annotations
