@@ -34,7 +34,8 @@ def test_compare_flags_differences_beyond_the_tolerance() -> None:
     assert by_label["prefix hit rate"][3] == pytest.approx(0.20) and not by_label["prefix hit rate"][4]
     same = {r[0]: r for r in compare(side(0.1, 0.0), side(0.1, 0.0), tolerance=0.15)}
     assert same["prefix hit rate"][3] == 0.0 and same["prefix hit rate"][4]
-    assert "| prefix hit rate | 0.5000 | 0.6000 | +20.0% | OFF |" in table("p", rows, side(0.1, 0.5), side(0.1, 0.6))
+    text = table("p", rows, side(0.1, 0.5), side(0.1, 0.6))
+    assert "| prefix hit rate | 0.5000 | 0.6000 | +20.0% | OFF |" in text
 
 
 @pytest.mark.skipif(not hasattr(os, "sched_getaffinity"), reason="Linux only")
