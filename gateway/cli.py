@@ -18,6 +18,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "check-config": ("gateway.commands.check_config", "validate a config file"),
     "hash-key": ("gateway.commands.hash_key", "print the hashed form of an API key for the config"),
     "sim": ("simulator.cli", "serve a simulated vLLM fleet"),
+    "bench": ("gateway.commands.bench", "compare routing policies side by side on a simulated fleet"),
 }
 
 
