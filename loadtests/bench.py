@@ -46,7 +46,6 @@ from typing import Any
 import aiohttp
 
 from loadtests import bench_fleet
-from loadtests.bench_compare import compare, comparisons_markdown
 from loadtests.bench_processes import (
     GatewayProcess,
     ProcessLayout,
@@ -57,9 +56,9 @@ from loadtests.bench_processes import (
     pin_self,
     rss_bytes,
 )
+from loadtests.bench_summary import write_summary
 from loadtests.measures import RequestTrace, fleet_delta
 from loadtests.presets import DIRECT, BenchPreset, WorkloadPlan, build_workload
-from loadtests.report import write_report
 from loadtests.results import make_meta, validate_record, write_results
 from loadtests.runner import LoadConfig, RunResult, run_load, scrape_counters
 from loadtests.slo import Slo, parse_slo
@@ -243,12 +242,8 @@ class _Bench:
         write_results(path, self.meta, self.records)
         if not final:
             return BenchOutcome(path, None, (), len(self.records), False)
-        doc = {"meta": self.meta, "runs": self.records}
-        written = write_report(doc, self.out_dir) if self.records else []
+        written = write_summary({"meta": self.meta, "runs": self.records}, self.out_dir, self.preset)
         summary = self.out_dir / "summary.md"
-        with summary.open("a", encoding="utf-8") as f:
-            f.write("\n" + comparisons_markdown(compare(self.records)))
-            f.write("\n" + setting_markdown(self.meta, self.records))
         return BenchOutcome(
             path, summary, tuple(p for p in written if p.suffix == ".png"), len(self.records), True
         )
@@ -390,48 +385,6 @@ class _Bench:
         )
         validate_record(record)
         return record
-
-
-def setting_markdown(meta: dict[str, Any], records: Sequence[dict[str, Any]]) -> str:
-    """The run's setting and the simulator's own distortion per run, as a `## Setting` section."""
-    layout = meta.get("process_layout", {})
-    fleet = meta.get("fleet", {})
-    lines = [
-        "## Setting",
-        "",
-        f"- clock: {meta.get('clock')}",
-        f"- fleet: {fleet.get('replicas')} x {fleet.get('profile')}, {fleet.get('replica_kv_tokens')} KV "
-        f"tokens per replica (the profile holds {fleet.get('profile_kv_tokens')}), time scale "
-        f"{fleet.get('time_scale')}",
-        f"- process layout: {layout.get('note')} (simulator CPUs {layout.get('simulator_cpus')}, gateway "
-        f"{layout.get('gateway_cpus')}, load generator {layout.get('loadgen_cpus')})",
-        f"- wall time: {meta.get('wall_s')} s",
-        *(f"- note: {n}" for n in meta.get("notes", [])),
-        "",
-        "Simulator distortion and CPU per run (step lag in wall ms: how late engine steps started because "
-        "the simulator's CPU was busy; clock jumps in simulated s; CPU in cores):",
-        "",
-        "| workload | policy | load | lag mean ms | lag p99 ≤ ms | clock jumps s | sim CPU | gateway CPU "
-        "| gateway ms CPU/req | loadgen CPU | index keys |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    for r in records:
-        load = f"c={r['concurrency']}" if r["mode"] == "closed" else f"{r['rate']:g}/s"
-
-        def ms(v: float | None) -> str:
-            return "-" if v is None else f"{v * 1e3:.2f}"
-
-        def num(v: float | None, fmt: str = ".2f") -> str:
-            return "-" if v is None else format(v, fmt)
-
-        lines.append(
-            f"| {r['workload']} | {r['policy']} | {load} | {ms(r.get('sim_step_lag_mean_s'))} | "
-            f"{ms(r.get('sim_step_lag_p99_s'))} | {num(r.get('sim_clock_jump_s'), '.3f')} | "
-            f"{num(r.get('sim_cpu_frac'))} | {num(r.get('gateway_cpu_frac'))} | "
-            f"{num(r.get('gateway_cpu_ms_per_request'))} | {num(r.get('loadgen_cpu_frac'))} | "
-            f"{num(r.get('gateway_index_keys'), '.0f')} |"
-        )
-    return "\n".join(lines) + "\n"
 
 
 async def run_bench(

@@ -32,6 +32,7 @@ from loadtests.workloads import (
     SharedPrefixWorkload,
     Workload,
 )
+from policies.scheduling.builtin_profiles import builtin_profile_spec
 from simulator.profiles import get_profile
 
 BASELINE_POLICIES: tuple[str, ...] = ("round-robin", "least-loaded", "prefix-only", "default")
@@ -261,6 +262,48 @@ def build_workload(plan: WorkloadPlan, fleet: FleetPlan, *, requests: int, seed:
     raise ValueError(f"no builder for workload {plan.workload!r}")  # pragma: no cover - checked in plan
 
 
+def default_variant(
+    prefix: float, queue: float, kv: float, guard: tuple[float, float] | None
+) -> dict[str, Any]:
+    """The built-in `default` profile with other scorer weights and load-guard slack: `prefix`,
+    `queue`, `kv` are the prefix-affinity, queue-depth and kv-headroom weights; `guard` is the
+    load-guard's (abs_slack requests, rel_slack fraction), None to drop the guard. Every other filter
+    and scorer is kept as built in."""
+    spec = builtin_profile_spec("default")
+    weights = {"prefix-affinity": prefix, "queue-depth": queue, "kv-headroom": kv}
+    for scorer in spec["scorers"]:
+        if scorer["type"] in weights:
+            scorer["weight"] = weights[scorer["type"]]
+    filters = [f for f in spec["filters"] if f["type"] != "load-guard"]
+    if guard is not None:
+        filters.append({"type": "load-guard", "params": {"abs_slack": guard[0], "rel_slack": guard[1]}})
+    spec["filters"] = filters
+    return spec
+
+
+def _variant_name(prefix: float, queue: float, kv: float, guard: tuple[float, float] | None) -> str:
+    g = "noguard" if guard is None else f"g{guard[0]:g}-{guard[1]:g}"
+    return f"p{prefix:g}-q{queue:g}-k{kv:g}-{g}"
+
+
+# Candidate weightings of the default profile, compared by the `weights` preset. The first is the
+# provisional built-in one (prefix 3, queue 2, kv 1, load-guard 8 requests / 50%).
+WEIGHT_CANDIDATES: tuple[tuple[float, float, float, tuple[float, float] | None], ...] = (
+    (3, 2, 1, (8, 0.5)),
+    (3, 2, 1, (16, 1.0)),
+    (3, 2, 1, None),
+    (5, 2, 1, (8, 0.5)),
+    (5, 2, 1, (16, 1.0)),
+    (3, 1, 1, (8, 0.5)),
+    (3, 2, 0, (8, 0.5)),
+)
+CANDIDATE_PROFILES: Mapping[str, Mapping[str, Any]] = MappingProxyType(
+    {_variant_name(*c): default_variant(*c) for c in WEIGHT_CANDIDATES}
+)
+# On `random` no prompt matches, so the prefix weight makes no difference: run one of each.
+_RANDOM_CANDIDATES = tuple(_variant_name(*c) for c in WEIGHT_CANDIDATES if c[0] == 3)
+
+
 # --- the presets ----------------------------------------------------------------------------------
 
 # Prompt shape shared by shared-prefix and random, so the two differ only in what is shared: 4,096
@@ -314,6 +357,24 @@ _PRESETS: dict[str, BenchPreset] = {
         warmup_requests=96,
         direct_points=2,
         max_duration_s=120.0,
+    ),
+    "weights": BenchPreset(
+        name="weights",
+        description="candidate weightings of the default profile on shared-prefix and random (c=16-64), "
+        "with round-robin, least-loaded and prefix-only for reference",
+        fleet=_FLEET,
+        workloads=(
+            _SHARED_PREFIX,
+            replace(_RANDOM, policies=("least-loaded", "round-robin", *_RANDOM_CANDIDATES)),
+        ),
+        policies=("round-robin", "least-loaded", "prefix-only", *CANDIDATE_PROFILES),
+        profiles=CANDIDATE_PROFILES,
+        concurrency=(16, 32, 64),
+        min_requests=24,
+        requests_per_slot=3,
+        warmup_requests=48,
+        warmup_s=0.1,
+        max_duration_s=60.0,
     ),
     "tiny": BenchPreset(
         name="tiny",

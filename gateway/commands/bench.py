@@ -108,8 +108,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-pin", action="store_true", help="do not pin processes to CPUs")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--des", action="store_true",
-                   help="what-if mode: run the workload through the discrete-event fleet instead "
-                        "(when loadtests.des_cli is installed)")  # fmt: skip
+                   help="what-if mode: run the same preset in virtual time (loadtests.des_cli), one "
+                        "results directory per workload under --out")  # fmt: skip
 
 
 def run(args: argparse.Namespace) -> int:
@@ -119,11 +119,15 @@ def run(args: argparse.Namespace) -> int:
         for name, preset in PRESETS.items():
             print(f"{name}: {preset.description}")
         return 0
-    if args.des:
-        return _run_des(args)
     if args.out is None:
         print("kvgate bench: --out DIR is required", file=sys.stderr)
         return 2
+    if args.des:
+        try:
+            return _run_des(args)
+        except (ValueError, OSError) as exc:
+            print(f"kvgate bench --des: {exc}", file=sys.stderr)
+            return 2
     try:
         preset, plans = resolve(args)
     except (ValueError, OSError) as exc:
@@ -204,6 +208,7 @@ def resolve(args: argparse.Namespace) -> tuple[Any, Any]:
 
 
 def _run_des(args: argparse.Namespace) -> int:
+    import importlib
     import importlib.util
 
     if importlib.util.find_spec("loadtests.des_cli") is None:
@@ -212,9 +217,8 @@ def _run_des(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    import importlib
+    from loadtests.bench_des import run_des
 
+    preset, plans = resolve(args)
     des_cli = importlib.import_module("loadtests.des_cli")
-    argv = [a for a in sys.argv[2:] if a != "--des"]
-    code: int = des_cli.main(argv)
-    return code
+    return run_des(preset, plans, args.out, des_cli.main, progress=not args.no_progress)

@@ -1,0 +1,83 @@
+"""`kvgate bench --des`: the preset translated into `loadtests.des_cli` arguments, and a real tiny run."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from pathlib import Path
+
+import yaml
+
+from gateway.cli import main as kvgate_main
+from loadtests.bench_des import des_argv, run_des
+from loadtests.des_cli import build_parser
+from loadtests.presets import DIRECT, WorkloadPlan, get_preset
+from loadtests.results import load_results
+
+
+def test_the_preset_becomes_des_cli_arguments_its_parser_reads(tmp_path: Path) -> None:
+    preset = dataclasses.replace(get_preset("quick"), rates=(3.0,))
+    plan = preset.workloads[0]
+    (closed, open_), notes = des_argv(preset, plan, tmp_path, None, progress=False)
+    args = build_parser().parse_args(closed)
+    fleet = preset.fleet
+    assert (args.replicas, args.profile, args.kv_blocks) == (fleet.replicas, fleet.profile, fleet.kv_blocks)
+    assert (
+        args.workload == "shared-prefix" and args.system_prompt_tokens == plan.params["system_prompt_tokens"]
+    )
+    assert args.policy.split(",") == [p for p in preset.policies if p != DIRECT]
+    assert (args.concurrency, args.rate, args.out) == ("4,16,64", None, tmp_path / "des-shared-prefix")
+    open_args = build_parser().parse_args(open_)
+    assert (open_args.concurrency, open_args.rate, open_args.out) == (
+        None,
+        "3",
+        tmp_path / "des-shared-prefix-open",
+    )
+    assert args.requests == max(preset.point_requests(m, x) for m, x in preset.load_points())
+    assert args.warmup_requests == preset.plan_warmup(plan) and args.slo == preset.slo and args.no_progress
+    assert notes == ["direct skipped: there is no HTTP path in virtual time"]
+
+
+def test_parameters_without_a_flag_are_named(tmp_path: Path) -> None:
+    preset = get_preset("full")
+    plan = next(p for p in preset.workloads if p.workload == "multi-turn")
+    (argv,), notes = des_argv(preset, plan, tmp_path, None, progress=True)
+    assert any("active_conversations" in n for n in notes)
+    args = build_parser().parse_args(argv)
+    assert (args.adapters, args.max_loras) == (len(preset.fleet.adapters), preset.fleet.max_loras)
+
+
+def test_custom_profiles_reach_the_des_through_a_gateway_config(tmp_path: Path) -> None:
+    preset = get_preset("weights")
+    calls: list[list[str]] = []
+
+    def fake_main(argv: Sequence[str]) -> int:
+        calls.append(list(argv))
+        return 0
+
+    assert run_des(preset, preset.workloads, tmp_path, fake_main, progress=False, say=lambda _: None) == 0
+    assert len(calls) == 2
+    config_path = Path(calls[0][calls[0].index("--gateway-config") + 1])
+    assert set(yaml.safe_load(config_path.read_text())["scheduling"]["profiles"]) == set(preset.profiles)
+    assert calls[1][calls[1].index("--out") + 1] == str(tmp_path / "des-random")
+
+
+def test_run_des_stops_at_the_first_failure(tmp_path: Path) -> None:
+    preset = dataclasses.replace(
+        get_preset("tiny"), workloads=(WorkloadPlan("random", {"prompt_tokens": 8}),) * 2
+    )
+    calls: list[Sequence[str]] = []
+
+    def failing(argv: Sequence[str]) -> int:
+        calls.append(argv)
+        return 3
+
+    assert run_des(preset, preset.workloads, tmp_path, failing, say=lambda _: None) == 3
+    assert len(calls) == 1
+
+
+def test_kvgate_bench_des_runs_the_tiny_preset(tmp_path: Path) -> None:
+    assert kvgate_main(["bench", "--des", "--preset", "tiny", "--out", str(tmp_path), "--no-progress"]) == 0
+    doc = load_results(tmp_path / "des-random" / "results.json")
+    assert [r["policy"] for r in doc["runs"]] == ["round-robin", "default"]
+    assert all(r["completed"] == 8 for r in doc["runs"])
