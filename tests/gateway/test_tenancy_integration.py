@@ -1,0 +1,254 @@
+"""Tenants over real loopback HTTP with the simulated fleet: keys, allow-lists, headers, 429s, the
+admin API, a TPM limit under 200 concurrent requests, and priority bands under saturation."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from typing import Any
+
+import httpx
+import orjson
+
+from gateway.tokenizers import SimTokenizer
+from tests.gateway.stack import MODEL, chat, metric_value, wait_for
+from tests.gateway.tenancy_stack import ADMIN_KEY, auth, key_of, tenancy_stack, tenant
+
+ACME = tenant(
+    "acme",
+    limits={"rpm": 120, "tpm": 6000, "max_output_tokens": 50},
+    models=[MODEL],
+)
+LIMITED = {"tenants": [ACME, tenant("free", models=["other-model"])]}
+
+
+def assert_openai_error(r: httpx.Response, status: int, type_: str) -> dict[str, Any]:
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert err["type"] == type_ and isinstance(err["message"], str) and err["message"]
+    assert set(err) == {"message", "type", "param", "code"}
+    return dict(err)
+
+
+async def test_keys_allow_lists_and_priority_header_errors() -> None:
+    async with tenancy_stack(LIMITED) as s:
+        c = s.client
+        r = await c.post("/v1/chat/completions", json=chat("hi"))
+        assert "Bearer" in assert_openai_error(r, 401, "authentication_error")["message"]
+        r = await c.post("/v1/chat/completions", json=chat("hi"), headers={"authorization": "Bearer nope"})
+        err = assert_openai_error(r, 401, "authentication_error")
+        assert "nope" not in err["message"]  # a presented key is never echoed
+        r = await c.post("/v1/chat/completions", json=chat("hi"), headers={"authorization": "Basic abc"})
+        assert_openai_error(r, 401, "authentication_error")
+        r = await c.post("/v1/chat/completions", json=chat("hi"), headers=auth("free"))
+        assert assert_openai_error(r, 403, "permission_error")["param"] == "model"
+        r = await c.post(
+            "/v1/chat/completions", json=chat("hi"), headers={**auth("acme"), "x-kvgate-priority": "urgent"}
+        )
+        assert assert_openai_error(r, 400, "invalid_request_error")["param"] == "x-kvgate-priority"
+        r = await c.post("/v1/chat/completions", json=chat("hi"), headers=auth("acme"))
+        assert r.status_code == 200
+        text = (await c.get("/metrics")).text
+        assert key_of("acme") not in text and "sha256" not in text
+        assert await metric_value(c, "kvgate_rejections_total", {"reason": "unauthenticated"}) == 3
+        assert await metric_value(c, "kvgate_rejections_total", {"tenant": "free"}) == 1
+
+
+async def test_anonymous_tenant_and_open_gateway() -> None:
+    cfg = {**LIMITED, "auth": {"anonymous_tenant": "acme"}}
+    async with tenancy_stack(cfg) as s:
+        r = await s.client.post("/v1/chat/completions", json=chat("hi"))
+        assert r.status_code == 200 and r.headers["x-ratelimit-limit-requests"] == "120"
+        r = await s.client.post(
+            "/v1/chat/completions", json=chat("hi"), headers={"authorization": "Bearer x"}
+        )
+        assert r.status_code == 401  # a wrong key is not quietly downgraded to anonymous
+    async with tenancy_stack({}) as s:  # no tenants: any key or none, no limits, no headers
+        for headers in ({}, {"authorization": "Bearer none"}):
+            r = await s.client.post("/v1/chat/completions", json=chat("hi"), headers=headers)
+            assert r.status_code == 200
+            assert not any(k.startswith("x-ratelimit") for k in r.headers)
+
+
+async def test_ratelimit_headers_on_unary_and_streamed_answers() -> None:
+    async with tenancy_stack(LIMITED) as s:
+        prompt = chat("count my tokens please", max_tokens=20)
+        p = len(SimTokenizer().encode_chat(prompt["messages"]))
+        r = await s.client.post("/v1/chat/completions", json=prompt, headers=auth("acme"))
+        h = r.headers
+        assert h["x-ratelimit-limit-requests"] == "120" and h["x-ratelimit-remaining-requests"] == "119"
+        assert h["x-ratelimit-limit-tokens"] == "6000"
+        assert h["x-ratelimit-remaining-tokens"] == str(6000 - (p + 20))  # reserved: prompt + max_tokens
+        assert h["x-ratelimit-reset-requests"] == "500ms"  # one request back at 2 per second
+        assert h["x-ratelimit-reset-tokens"].endswith("ms") or h["x-ratelimit-reset-tokens"].endswith("s")
+        body = chat("stream it", max_tokens=5, stream=True)
+        async with s.client.stream("POST", "/v1/chat/completions", json=body, headers=auth("acme")) as r:
+            assert r.status_code == 200 and "x-ratelimit-remaining-tokens" in r.headers
+            assert int(r.headers["x-ratelimit-remaining-requests"]) <= 119
+            await r.aread()
+
+
+async def test_429_names_the_limit_and_retry_after_comes_from_the_refill() -> None:
+    cfg = {"tenants": [tenant("acme", limits={"rpm": 600, "rpm_burst": 2, "tpm": 600})]}
+    async with tenancy_stack(cfg) as s:
+        for _ in range(2):
+            assert (
+                await s.client.post("/v1/chat/completions", json=chat("a"), headers=auth("acme"))
+            ).is_success
+        r = await s.client.post("/v1/chat/completions", json=chat("a"), headers=auth("acme"))
+        err = assert_openai_error(r, 429, "rate_limit_error")
+        assert err["code"] == "rate_limit_exceeded"
+        assert "requests per minute (RPM)" in err["message"]
+        assert "limit 600 per minute (bucket holds 2)" in err["message"]
+        assert r.headers["retry-after"] == "1"  # 0.1 s until one request is back, in whole seconds
+        assert r.headers["x-ratelimit-remaining-requests"] == "0"
+        await asyncio.sleep(0.5)  # the requests bucket is full again; tokens refill 10 per second
+        assert (
+            await s.client.post("/v1/chat/completions", json=chat("b", max_tokens=400), headers=auth("acme"))
+        ).is_success
+        r = await s.client.post("/v1/chat/completions", json=chat("c", max_tokens=300), headers=auth("acme"))
+        err = assert_openai_error(r, 429, "rate_limit_error")
+        assert "tokens per minute (TPM)" in err["message"] and "RPM" not in err["message"]
+        left = int(r.headers["x-ratelimit-remaining-tokens"])
+        requested = int(err["message"].split("requested ")[1].split(".")[0])
+        expected = math.ceil((requested - left) / 10)
+        assert int(r.headers["retry-after"]) in (expected - 1, expected)  # the header floors the level
+        r = await s.client.post("/v1/chat/completions", json=chat("d", max_tokens=900), headers=auth("acme"))
+        err = assert_openai_error(r, 400, "invalid_request_error")
+        assert err["code"] == "request_too_large" and "retry-after" not in r.headers
+        assert await metric_value(s.client, "kvgate_rejections_total", {"reason": "too_large"}) == 1
+        assert await metric_value(s.client, "kvgate_rejections_total", {"reason": "rate_limit_tokens"}) == 1
+
+
+async def test_admin_api_is_guarded_and_reports_buckets_and_usage() -> None:
+    async with tenancy_stack(LIMITED) as s:
+        c = s.client
+        r = await c.post("/v1/chat/completions", json=chat("hello", max_tokens=9), headers=auth("acme"))
+        usage = r.json()["usage"]
+        assert_openai_error(await c.get("/admin/tenants"), 401, "authentication_error")
+        r = await c.get("/admin/tenants", headers={"authorization": "Bearer wrong"})
+        assert_openai_error(r, 401, "authentication_error")
+        assert_openai_error(await c.get("/admin/tenants", headers=auth("acme")), 403, "permission_error")
+        admin = {"authorization": f"Bearer {ADMIN_KEY}"}
+        listed = (await c.get("/admin/tenants", headers=admin)).json()
+        assert [t["name"] for t in listed["data"]] == ["acme", "free"]
+        one = (await c.get("/admin/tenants/acme", headers=admin)).json()
+        assert one["used"]["requests"] == 1 and one["used"]["tokens"] == usage["total_tokens"]
+        assert one["in_flight"] == 0 and one["limits"]["tpm"] == 6000
+        tokens = one["buckets"]["tokens"]
+        assert tokens["capacity"] == 6000
+        assert 6000 - usage["total_tokens"] <= tokens["level"] <= 6000
+        assert one["store"] == "memory"
+        assert_openai_error(await c.get("/admin/tenants/nobody", headers=admin), 404, "not_found_error")
+        assert ADMIN_KEY not in (await c.get("/metrics")).text
+    async with tenancy_stack({"tenants": [ACME], "auth": {"admin_keys": []}}) as s:
+        r = await s.client.get("/admin/tenants", headers={"authorization": f"Bearer {ADMIN_KEY}"})
+        assert "disabled" in assert_openai_error(r, 403, "permission_error")["message"]
+
+
+async def test_200_concurrent_requests_hold_the_tpm_limit_and_settle_to_the_real_usage() -> None:
+    """A third streamed, a third unary, a third streamed from a replica that stalls after K chunks
+    and then left by the client. The tokens bucket refills 1/60 token per second, so over the test
+    it moves by well under one token: its level must equal capacity minus what was really used."""
+    k = 4
+    text = "Please summarise the quarterly numbers for the board."
+    capacity = 1800
+    cfg = {"tenants": [tenant("acme", limits={"tpm": 1, "tpm_burst": capacity})]}
+    async with tenancy_stack(cfg, hang_after_chunks=k) as s:
+        prompt = chat(text, max_tokens=16)
+        p = len(SimTokenizer().encode_chat(prompt["messages"]))
+        reservation = p + 16
+        decided = asyncio.Event()
+        statuses: list[int] = []
+        charged: list[int] = []
+
+        async def one(i: int) -> None:
+            kind = i % 3
+            if kind == 1:
+                r = await s.client.post("/v1/chat/completions", json=prompt, headers=auth("acme"))
+                statuses.append(r.status_code)
+                if r.status_code == 200:
+                    u = r.json()["usage"]
+                    charged.append(u["prompt_tokens"] + u["completion_tokens"])
+                return
+            model = MODEL if kind == 0 else "hang-llama"
+            body = {**prompt, "model": model, "stream": True, "stream_options": {"include_usage": True}}
+            async with s.client.stream("POST", "/v1/chat/completions", json=body, headers=auth("acme")) as r:
+                statuses.append(r.status_code)
+                if r.status_code != 200:
+                    await r.aread()
+                    return
+                events = []
+                async for line in r.aiter_lines():
+                    if line.startswith("data: "):
+                        events.append(line)
+                        if kind == 2 and len(events) == k:
+                            break  # the replica stalls here: leave once everyone has been decided
+                if kind == 0:
+                    u = orjson.loads(events[-2][6:])["usage"]
+                    charged.append(u["prompt_tokens"] + u["completion_tokens"])
+                    return
+                await decided.wait()
+                charged.append(p + k)  # documented estimate: prompt + SSE events relayed
+
+        started = time.monotonic()
+        tasks = [asyncio.ensure_future(one(i)) for i in range(200)]
+        async with asyncio.timeout(60):
+            while len(statuses) < 200:  # noqa: ASYNC110
+                await asyncio.sleep(0.02)
+            decided.set()
+            await asyncio.gather(*tasks)
+        gw = s.gateway
+        await wait_for(lambda: gw.tenancy.summary(gw.tenancy.find("acme"))["in_flight"] == 0)
+        elapsed = time.monotonic() - started
+        admitted = statuses.count(200)
+        assert statuses.count(429) == 200 - admitted
+        assert admitted * reservation <= capacity + reservation  # never more than the limit + one
+        assert admitted >= capacity // reservation - 1  # and the limit was really used
+        admin = {"authorization": f"Bearer {ADMIN_KEY}"}
+        status = (await s.client.get("/admin/tenants/acme", headers=admin)).json()
+        level = status["buckets"]["tokens"]["level"]
+        expected = capacity - sum(charged)
+        assert len(charged) == admitted
+        assert expected <= level <= expected + (elapsed + 1) / 60 + 1e-6, (level, expected)
+        assert status["used"]["tokens"] == sum(charged)
+
+
+async def test_sheddable_is_refused_at_once_and_critical_goes_first_under_saturation() -> None:
+    cfg = {
+        "tenants": [tenant("ops", priority="critical")],
+        "flow_control": {"saturation": {"max_in_flight_per_replica": 1, "max_waiting_per_replica": 4}},
+    }
+    async with tenancy_stack(cfg, replicas=1, time_scale=4.0) as s:
+        done: list[str] = []
+
+        async def send(label: str, band: str, max_tokens: int = 30) -> int:
+            headers = {**auth("ops"), "x-kvgate-priority": band}
+            body = chat(f"{label} " * 20, max_tokens=max_tokens)
+            r = await s.client.post("/v1/chat/completions", json=body, headers=headers)
+            done.append(label)
+            return r.status_code
+
+        running = asyncio.ensure_future(send("long", "standard", max_tokens=120))
+        await wait_for(lambda: s.gateway.fleet.snapshot().replicas[0].in_flight == 1)
+        queued = [asyncio.ensure_future(send(f"std{i}", "standard")) for i in range(2)]
+        await wait_for(lambda: s.gateway.tenancy.admission.depth == 2)
+        t0 = time.monotonic()
+        r = await s.client.post(
+            "/v1/chat/completions",
+            json=chat("shed me"),
+            headers={**auth("ops"), "x-kvgate-priority": "sheddable"},
+        )
+        assert time.monotonic() - t0 < 2.0  # refused at once, not after a wait
+        err = assert_openai_error(r, 503, "overloaded_error")
+        assert err["message"].startswith("fleet overloaded") and int(r.headers["retry-after"]) >= 1
+        critical = asyncio.ensure_future(send("crit", "critical"))
+        await wait_for(lambda: s.gateway.tenancy.admission.depth == 3)
+        statuses = await asyncio.gather(running, *queued, critical)
+        assert statuses == [200, 200, 200, 200]
+        assert done == ["long", "crit", "std0", "std1"]
+        assert await metric_value(s.client, "kvgate_rejections_total", {"reason": "shed"}) == 1
+        assert await metric_value(s.client, "kvgate_admissions_total", {"path": "queued"}) == 3
+        waited = await metric_value(s.client, "kvgate_queue_wait_seconds_count", {"outcome": "dispatched"})
+        assert waited == 3
