@@ -36,6 +36,8 @@ do); `finish()` returns its outcome. Not thread-safe.
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import heapq
 import random
 import resource
@@ -59,6 +61,9 @@ from simulator.server.openai_schema import DEFAULT_MAX_TOKENS
 
 # Event kinds (plain ints: they are compared on every event).
 SEND, ROUTE, STEP_END, SCRAPE, ARRIVAL, ALARM, DRAIN = range(7)
+
+GC_GEN0_THRESHOLD = 50_000
+"""Allocations between young-generation collections while `Simulation.run` runs (CPython's is 700)."""
 
 
 class _Point:
@@ -190,13 +195,20 @@ class Simulation:
         *,
         on_done: Callable[[RequestTrace], None] | None = None,
     ) -> DesResult:
-        """One load point from now to its end (`begin`, every event until `done`, `finish`)."""
+        """One load point from now to its end (`begin`, every event until `done`, `finish`).
+
+        While it runs, the interpreter's youngest-generation GC threshold is raised to
+        `GC_GEN0_THRESHOLD` (and restored after): the engines make millions of short-lived objects, and
+        at the default threshold (700) the collector's passes over the run's live objects cost ~8-10%
+        of the run's CPU (measured at 256 replicas).
+        """
         self.begin(specs, load, on_done=on_done)
         point = self._require()
         pop, handle = self.queue.pop, self._handle
-        while point.open or point.sends_pending or point.arrival_pending:
-            kind, arg = pop()
-            handle(kind, arg)
+        with _fewer_collections():
+            while point.open or point.sends_pending or point.arrival_pending:
+                kind, arg = pop()
+                handle(kind, arg)
         return self.finish()
 
     def _require(self) -> _Point:
@@ -462,6 +474,16 @@ def _counters(rep: SimReplica) -> tuple[int, int, int, int, int, float]:
     s = rep.engine.stats
     return (s.prefix_cache_queries_tokens, s.prefix_cache_hits_tokens, s.num_preemptions,
             s.generation_tokens, s.steps, s.busy_s)
+
+
+@contextlib.contextmanager
+def _fewer_collections() -> Iterator[None]:
+    old = gc.get_threshold()
+    gc.set_threshold(max(GC_GEN0_THRESHOLD, old[0]), *old[1:])
+    try:
+        yield
+    finally:
+        gc.set_threshold(*old)
 
 
 def _known_size(specs: Iterable[RequestSpec]) -> int | None:

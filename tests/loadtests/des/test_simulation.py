@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import itertools
 from collections import defaultdict
 from dataclasses import replace
@@ -178,7 +179,9 @@ def test_errors_come_back_as_the_replica_or_gateway_would_answer() -> None:
 
 def test_eight_replicas_two_thousand_requests() -> None:
     work = RandomWorkload(requests=2_000, prompt_tokens=48, output_tokens=8, model=MODEL, seed=7)
+    thresholds = gc.get_threshold()
     result = run_des(work.requests(), DesConfig(replace(TINY, replicas=8)), closed(64))
+    assert gc.get_threshold() == thresholds  # the run's GC setting is undone
     assert len(result.traces) == 2_000 and all(t.ok for t in result.traces)
     assert {r.name for r in result.replicas} == {f"r{i}" for i in range(8)}
     assert sum(r.requests for r in result.replicas) == 2_000
