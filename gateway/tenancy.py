@@ -36,6 +36,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from prometheus_client import Counter
 from prometheus_client.core import GaugeMetricFamily, Metric
 
 from gateway.admission import AdmissionQueue
@@ -50,7 +51,7 @@ from gateway.sse_filter import Usage
 from gateway.stores import StoreUnavailable, build_store
 from gateway.tenants import ANONYMOUS, Tenant, TenantRegistry
 from policies.tenancy import choose_band
-from policies.types import RequestInfo
+from policies.types import Band, RequestInfo
 
 __all__ = ["ANONYMOUS", "Admitted", "Charge", "Tenancy", "Tenant", "charge_for"]
 
@@ -119,6 +120,9 @@ class Tenancy:
         self._pass_priority = fc.pass_priority
         self._in_flight: dict[str, int] = {}
         self._totals: dict[str, _Totals] = {}
+        # Labelled metric children, looked up once per label set (labels() costs a few us a call).
+        self._admitted: dict[tuple[str, Band, str], Counter] = {}
+        self._charged: dict[str, Counter] = {}
         self.started_at = time.time()
         metrics.add_callback(self._collect)
 
@@ -210,7 +214,10 @@ class Tenancy:
                 self._in_flight[name] -= 1
                 if reservation is not None and self.limiter is not None:
                     self.limiter.refund_later(reservation)
-        self._m.admissions.labels(name, band.label, path).inc()
+        counter = self._admitted.get((name, band, path))
+        if counter is None:
+            counter = self._admitted[(name, band, path)] = self._m.admissions.labels(name, band.label, path)
+        counter.inc()
         if band != info.band:
             info = replace(info, band=band)
         return Admitted(
@@ -235,7 +242,10 @@ class Tenancy:
         totals.requests += charge.requests
         totals.tokens += charge.tokens
         if charge.tokens:
-            self._m.tokens_charged.labels(name).inc(charge.tokens)
+            counter = self._charged.get(name)
+            if counter is None:
+                counter = self._charged[name] = self._m.tokens_charged.labels(name)
+            counter.inc(charge.tokens)
         if admitted.reservation is not None and self.limiter is not None:
             await self.limiter.settle(admitted.reservation, charge.requests, charge.tokens)
 

@@ -44,14 +44,11 @@ class Tenant:
     models: ModelAllowList = field(default=_EVERY_MODEL)
     rpm: int | None = None  # the configured per-minute limits, for messages
     tpm: int | None = None
-
-    @property
-    def buckets(self) -> tuple[Bucket, ...]:
-        return tuple(b for b in (self.requests, self.tokens) if b is not None)
+    buckets: tuple[Bucket, ...] = ()  # requests and/or tokens, in that order (built once)
 
     @property
     def limited(self) -> bool:
-        return self.requests is not None or self.tokens is not None
+        return bool(self.buckets)
 
 
 def compile_tenant(t: TenantConfig, concurrency_share: int = 1) -> Tenant:
@@ -75,6 +72,7 @@ def compile_tenant(t: TenantConfig, concurrency_share: int = 1) -> Tenant:
         models=ModelAllowList.compile(t.models),
         rpm=lim.rpm,
         tpm=lim.tpm,
+        buckets=tuple(b for b in (requests, tokens) if b is not None),
     )
 
 

@@ -35,24 +35,24 @@ class MemoryBucketStore:
         now = self._clock()
         states = self._states
         keys = [(b.tenant, b.kind) for b in buckets]
-        result = take_all(
-            [
-                (b.spec, states.get(k) or BucketState.full(b.spec, now), a)
-                for b, k, a in zip(buckets, keys, amounts, strict=True)
-            ],
-            now,
-        )
+        requests = []
+        for b, k, a in zip(buckets, keys, amounts, strict=True):
+            s = states.get(k)
+            requests.append((b.spec, s if s is not None else BucketState.full(b.spec, now), a))
+        result = take_all(requests, now)
+        levels = []
         for k, s in zip(keys, result.states, strict=True):
             states[k] = s
+            levels.append(s.level)
         return Take(
-            allowed=result.allowed,
-            retry_after_s=result.retry_after_s,
-            too_large=result.too_large,
-            limiting=result.limiting,
-            levels=tuple(s.level for s in result.states),
-            reset_s=result.reset_s,
-            capacities=tuple(b.spec.capacity for b in buckets),
-            source=self.source,
+            result.allowed,
+            result.retry_after_s,
+            result.too_large,
+            result.limiting,
+            tuple(levels),
+            result.reset_s,
+            tuple(b.spec.capacity for b in buckets),
+            self.source,
         )
 
     async def take(self, buckets: Sequence[Bucket], amounts: Sequence[float]) -> Take:

@@ -1,0 +1,76 @@
+"""Admission overhead per request: authenticate + admit + settle, no network to replicas.
+
+    python -m tests.gateway.bench_admission [--requests 20000]
+
+Three setups over the same 4-replica fleet picture (scraped, with room, flow control on):
+no tenants (the open gateway), a limited tenant on the memory store, and the same tenant on a
+private redis-server started here (needs `redis-server` on PATH). Prints wall and CPU microseconds
+per request; with Redis the wall time is two loopback round trips (reserve, settle).
+Not a test: numbers, for the report.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import time
+from typing import Any
+
+from gateway.auth_keys import hash_key
+from gateway.config import parse_config
+from gateway.fleet.metrics_parse import ReplicaMetrics
+from gateway.fleet.state import FleetState
+from gateway.forwarder import Outcome
+from gateway.metrics import GatewayMetrics
+from gateway.sse_filter import Usage
+from gateway.tenancy import Tenancy
+from policies.types import RequestInfo
+from tests.gateway.redis_server import RedisServer
+
+INFO = RequestInfo(model="m", base_model="m", adapter=None, prompt_tokens=500, max_tokens=200)
+REPLICAS = [{"url": f"http://r{i}:1", "model": "m", "name": f"r{i}"} for i in range(4)]
+TENANT = {"name": "acme", "api_keys": [hash_key("k")], "limits": {"rpm": 10**9, "tpm": 10**12}}
+
+
+async def run(cfg: dict[str, Any], n: int, key: bytes | None) -> tuple[float, float]:
+    config = parse_config({"replicas": REPLICAS, "fleet": {"stale_after_s": 3600}, **cfg})
+    fleet = FleetState(config.replicas, config.fleet)
+    for r in REPLICAS:
+        fleet.record_scrape(r["name"], ReplicaMetrics(running=2, waiting=0, kv_usage=0.2))
+    tenancy = Tenancy(config, fleet, GatewayMetrics())
+    await tenancy.start()
+    usage, outcome = Usage(500, 150), Outcome(status=200, attempts=1)
+    try:
+        for _ in range(200):  # warm up (script load, connections)
+            t = tenancy.authenticate(key)
+            await tenancy.settle(await tenancy.admit(t, INFO, None), usage, outcome)
+        wall, cpu = time.perf_counter(), time.process_time()
+        for _ in range(n):
+            t = tenancy.authenticate(key)
+            adm = await tenancy.admit(t, INFO, None)
+            await tenancy.settle(adm, usage, outcome)
+        return (time.perf_counter() - wall) / n * 1e6, (time.process_time() - cpu) / n * 1e6
+    finally:
+        await tenancy.stop()
+
+
+async def main(n: int) -> None:
+    print(f"{n} requests each; load average {os.getloadavg()[0]:.2f}")
+    rows = [
+        ("no tenants (open gateway)", {}, None),
+        ("tenant, memory store", {"tenants": [TENANT]}, b"Bearer k"),
+    ]
+    for name, cfg, key in rows:
+        wall, cpu = await run(cfg, n, key)
+        print(f"  {name:32s} wall {wall:8.1f} us   cpu {cpu:8.1f} us")
+    with RedisServer() as redis:
+        cfg = {"tenants": [TENANT], "state": {"store": redis.url, "timeout_s": 1.0}}
+        wall, cpu = await run(cfg, n // 4, b"Bearer k")
+        print(f"  {'tenant, redis store':32s} wall {wall:8.1f} us   cpu {cpu:8.1f} us  (this process only)")
+
+
+if __name__ == "__main__":
+    p = argparse.ArgumentParser()
+    p.add_argument("--requests", type=int, default=20000)
+    asyncio.run(main(p.parse_args().requests))
