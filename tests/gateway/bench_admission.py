@@ -65,7 +65,7 @@ async def main(n: int) -> None:
         wall, cpu = await run(cfg, n, key)
         print(f"  {name:32s} wall {wall:8.1f} us   cpu {cpu:8.1f} us")
     with RedisServer() as redis:
-        cfg = {"tenants": [TENANT], "state": {"store": redis.url, "timeout_s": 1.0}}
+        cfg: dict[str, Any] = {"tenants": [TENANT], "state": {"store": redis.url, "timeout_s": 1.0}}
         wall, cpu = await run(cfg, n // 4, b"Bearer k")
         print(f"  {'tenant, redis store':32s} wall {wall:8.1f} us   cpu {cpu:8.1f} us  (this process only)")
 
