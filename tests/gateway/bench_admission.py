@@ -57,7 +57,7 @@ async def run(cfg: dict[str, Any], n: int, key: bytes | None) -> tuple[float, fl
 
 async def main(n: int) -> None:
     print(f"{n} requests each; load average {os.getloadavg()[0]:.2f}")
-    rows = [
+    rows: list[tuple[str, dict[str, Any], bytes | None]] = [
         ("no tenants (open gateway)", {}, None),
         ("tenant, memory store", {"tenants": [TENANT]}, b"Bearer k"),
     ]
@@ -65,8 +65,8 @@ async def main(n: int) -> None:
         wall, cpu = await run(cfg, n, key)
         print(f"  {name:32s} wall {wall:8.1f} us   cpu {cpu:8.1f} us")
     with RedisServer() as redis:
-        cfg: dict[str, Any] = {"tenants": [TENANT], "state": {"store": redis.url, "timeout_s": 1.0}}
-        wall, cpu = await run(cfg, n // 4, b"Bearer k")
+        shared = {"tenants": [TENANT], "state": {"store": redis.url, "timeout_s": 1.0}}
+        wall, cpu = await run(shared, n // 4, b"Bearer k")
         print(f"  {'tenant, redis store':32s} wall {wall:8.1f} us   cpu {cpu:8.1f} us  (this process only)")
 
 
