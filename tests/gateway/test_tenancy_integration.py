@@ -252,3 +252,49 @@ async def test_sheddable_is_refused_at_once_and_critical_goes_first_under_satura
         assert await metric_value(s.client, "kvgate_admissions_total", {"path": "queued"}) == 3
         waited = await metric_value(s.client, "kvgate_queue_wait_seconds_count", {"outcome": "dispatched"})
         assert waited == 3
+
+
+async def test_a_client_leaving_the_queue_and_a_request_refused_after_admission_get_everything_back() -> None:
+    cfg = {
+        "tenants": [tenant("acme", limits={"rpm": 1, "rpm_burst": 10, "tpm": 1, "tpm_burst": 5000})],
+        "flow_control": {"saturation": {"max_in_flight_per_replica": 1, "max_waiting_per_replica": 4}},
+    }
+    async with tenancy_stack(cfg, replicas=1, time_scale=4.0) as s:
+        admin = {"authorization": f"Bearer {ADMIN_KEY}"}
+
+        async def levels() -> tuple[float, float]:
+            b = (await s.client.get("/admin/tenants/acme", headers=admin)).json()["buckets"]
+            return b["requests"]["level"], b["tokens"]["level"]
+
+        running = asyncio.ensure_future(
+            s.client.post(
+                "/v1/chat/completions", json=chat("long " * 10, max_tokens=60), headers=auth("acme")
+            )
+        )
+        await wait_for(lambda: s.gateway.fleet.snapshot().replicas[0].in_flight == 1)
+        req_before, tok_before = await levels()
+        leaver = asyncio.ensure_future(
+            s.client.post("/v1/chat/completions", json=chat("leave me", max_tokens=100), headers=auth("acme"))
+        )
+        await wait_for(lambda: s.gateway.tenancy.admission.depth == 1)
+        assert (await levels())[1] < tok_before - 100  # reserved while it waits
+        leaver.cancel()  # the client hangs up while queued
+        await asyncio.gather(leaver, return_exceptions=True)
+        await wait_for(lambda: s.gateway.tenancy.admission.depth == 0)
+        await wait_for(lambda: s.gateway.tenancy.summary(s.gateway.tenancy.find("acme"))["in_flight"] == 1)
+        req_after, tok_after = await levels()
+        assert req_after >= req_before and tok_before <= tok_after <= tok_before + 1  # all given back
+        assert (await running).status_code == 200
+        await wait_for(lambda: s.gateway.tenancy.summary(s.gateway.tenancy.find("acme"))["in_flight"] == 0)
+
+        # the replica dies: kvgate refuses after admission (no replica), and charges nothing
+        await s.fleet.stop_replica(0)
+        await wait_for(lambda: not s.gateway.fleet.snapshot().replicas[0].healthy)
+        req_before, tok_before = await levels()
+        r = await s.client.post("/v1/chat/completions", json=chat("anyone?"), headers=auth("acme"))
+        assert r.status_code in (502, 503) and "x-ratelimit-limit-tokens" in r.headers
+        await wait_for(lambda: s.gateway.tenancy.summary(s.gateway.tenancy.find("acme"))["in_flight"] == 0)
+        req_after, tok_after = await levels()
+        assert req_before <= req_after <= req_before + 1 and tok_before <= tok_after <= tok_before + 1
+        used = (await s.client.get("/admin/tenants/acme", headers=admin)).json()["used"]
+        assert used["requests"] == 1  # only the long request was charged
