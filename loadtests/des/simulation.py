@@ -1,4 +1,4 @@
-"""`Simulation`: one load point on a simulated fleet in virtual time, event by event.
+"""`Simulation`: load points on a simulated fleet behind kvgate's routing, in virtual time, event by event.
 
 The same pieces as a live run, with the network and the wall clock taken out: the workload's
 `RequestSpec`s, the live runner's `LoadConfig` semantics (`arrivals.LoadClients`), kvgate's own routing
@@ -40,7 +40,6 @@ import contextlib
 import gc
 import heapq
 import random
-import resource
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sized
 from typing import Any
@@ -50,10 +49,11 @@ from loadtests.des.config import AUTO_CHUNK_REQUESTS, DesConfig
 from loadtests.des.events import EventQueue
 from loadtests.des.fleet import SimReplica, build_replicas
 from loadtests.des.gateway_model import GatewayModel, RouteError, gateway_config
-from loadtests.des.outcome import DesResult, DesTimings, ReplicaReport
+from loadtests.des.outcome import DesResult
+from loadtests.des.point import LoadPoint
 from loadtests.des.prompts import PromptError, PromptTokenizer, body_prompt_ids
-from loadtests.des.traces import ItlHistogram, OpenRequest
-from loadtests.measures import FleetDelta, RequestTrace
+from loadtests.des.traces import OpenRequest
+from loadtests.measures import RequestTrace
 from loadtests.runner import LoadConfig
 from loadtests.workloads.spec import RequestSpec
 from simulator.engine import EngineRequest
@@ -64,38 +64,6 @@ SEND, ROUTE, STEP_END, SCRAPE, ARRIVAL, ALARM, DRAIN = range(7)
 
 GC_GEN0_THRESHOLD = 50_000
 """Allocations between young-generation collections while `Simulation.run` runs (CPython's is 700)."""
-
-
-class _Point:
-    """The state of one load point in progress (a `Simulation` owns one at a time)."""
-
-    __slots__ = ("alarm_at", "arrival_pending", "clients", "cpu0", "engine_s", "events0", "incomplete",
-                 "itl", "load", "on_done", "open", "prompt_tokens", "record_chunks", "route_s", "routed0",
-                 "scrape_s", "sends_pending", "start", "stats0", "timeouts", "tokenize_s", "tokens0",
-                 "traces", "wall0", "workload_s")  # fmt: skip
-
-    def __init__(self, load: LoadConfig, start: float, record_chunks: bool,
-                 on_done: Callable[[RequestTrace], None] | None) -> None:  # fmt: skip
-        self.load = load
-        self.start = start
-        self.record_chunks = record_chunks
-        self.on_done = on_done
-        self.clients: LoadClients | None = None
-        self.open: dict[str, OpenRequest] = {}
-        self.traces: list[RequestTrace] = []
-        self.itl = ItlHistogram()
-        self.timeouts: list[tuple[float, int, str]] = []
-        self.alarm_at: float | None = None
-        self.arrival_pending = False
-        self.sends_pending = 0
-        self.incomplete = 0
-        self.prompt_tokens = 0
-        self.workload_s = self.tokenize_s = self.route_s = self.engine_s = self.scrape_s = 0.0
-        self.wall0, self.cpu0 = time.perf_counter(), time.process_time()
-        self.events0 = 0
-        self.tokens0 = 0
-        self.stats0: list[tuple[int, int, int, int, int, float]] = []
-        self.routed0: list[int] = []
 
 
 class Simulation:
@@ -120,7 +88,7 @@ class Simulation:
         self.tokenizer = PromptTokenizer()
         self.next_id = 0
         self._scraping = False
-        self._point: _Point | None = None
+        self._point: LoadPoint | None = None
 
     # -- load points ----------------------------------------------------------------------------------
 
@@ -151,17 +119,13 @@ class Simulation:
             count = load.max_requests if load.max_requests is not None else _known_size(specs)
             record = count is not None and count <= AUTO_CHUNK_REQUESTS
         now = queue.now
-        point = self._point = _Point(load, now, record, on_done)
-        point.events0 = queue.processed
-        point.tokens0 = self.tokenizer.tokens_encoded
-        point.stats0 = [_counters(rep) for rep in self.replicas]
-        point.routed0 = [rep.routed for rep in self.replicas]
+        point = self._point = LoadPoint(load, now, record, on_done, self.replicas, queue, self.tokenizer)
         point.clients = clients = LoadClients(self._timed(specs, point), load, start=now)
         for spec, start in clients.start(now):
             self._push_send(spec, start)
         if clients.next_arrival is not None:
             point.arrival_pending = True
-            queue.push(clients.next_arrival, ARRIVAL)
+            queue.push(clients.next_arrival, ARRIVAL, point)
         drain_at = now + load.duration_s + load.drain_timeout_s
         if drain_at != float("inf"):
             queue.push(drain_at, DRAIN, point)
@@ -211,12 +175,12 @@ class Simulation:
                 handle(kind, arg)
         return self.finish()
 
-    def _require(self) -> _Point:
+    def _require(self) -> LoadPoint:
         if self._point is None:
             raise RuntimeError("no load point has begun")
         return self._point
 
-    def _timed(self, specs: Iterable[RequestSpec], point: _Point) -> Iterator[RequestSpec]:
+    def _timed(self, specs: Iterable[RequestSpec], point: LoadPoint) -> Iterator[RequestSpec]:
         it = iter(specs)
         clock = time.perf_counter
         while True:
@@ -238,19 +202,22 @@ class Simulation:
                 self._point.scrape_s += time.perf_counter() - t0
             queue.push(queue.now + self.scrape_interval * self.scrape_rng.uniform(0.9, 1.1), SCRAPE, arg)
         elif kind == SEND:
-            self._require().sends_pending -= 1
-            self._send(*arg)
+            sender, spec, start = arg
+            point = self._point
+            if point is not None and sender is point:  # not one cut by an earlier point's drain
+                point.sends_pending -= 1
+                self._send(spec, start)
         elif kind == ROUTE:
             self._route(arg)
-        elif kind == ARRIVAL:
-            point = self._require()
+        elif kind == ARRIVAL and self._point is not None and arg is self._point:
+            point = self._point
             clients = point.clients
             assert clients is not None
             for spec, start in clients.arrive(self.queue.now):
                 self._send(spec, start)
             point.arrival_pending = clients.next_arrival is not None
             if clients.next_arrival is not None:
-                self.queue.push(clients.next_arrival, ARRIVAL)
+                self.queue.push(clients.next_arrival, ARRIVAL, point)
         elif kind == ALARM:
             if arg is self._point:  # not one left over from an earlier load point
                 self._alarm()
@@ -378,8 +345,9 @@ class Simulation:
             self._push_send(spec, start)
 
     def _push_send(self, spec: RequestSpec, start: float) -> None:
-        self._require().sends_pending += 1
-        self.queue.push(self.queue.now, SEND, (spec, start))
+        point = self._require()
+        point.sends_pending += 1
+        self.queue.push(self.queue.now, SEND, (point, spec, start))
 
     def _fail(self, o: OpenRequest, status: int, error: str) -> None:
         name = self.replicas[o.replica].name if o.replica >= 0 else None
@@ -430,50 +398,7 @@ class Simulation:
     def finish(self) -> DesResult:
         """The current load point's outcome (call once `done`): counters are increases over the point,
         wall and CPU seconds count from its `begin`."""
-        point = self._require()
-        wall_s = time.perf_counter() - point.wall0
-        cpu_s = time.process_time() - point.cpu0
-        reports = []
-        queries = hits = preemptions = 0
-        for rep, before, routed0 in zip(self.replicas, point.stats0, point.routed0, strict=True):
-            (q0, h0, pre0, gen0, steps0, busy0), now = before, _counters(rep)
-            q, h, pre, gen, steps, busy = (now[0] - q0, now[1] - h0, now[2] - pre0, now[3] - gen0,
-                                           now[4] - steps0, now[5] - busy0)
-            queries += q
-            hits += h
-            preemptions += pre
-            reports.append(ReplicaReport(
-                name=rep.name, requests=rep.routed - routed0, prefix_queries_tokens=q, prefix_hits_tokens=h,
-                prefix_hit_rate=h / q if q else None, preemptions=pre, generation_tokens=gen, steps=steps,
-                busy_s=busy,
-            ))  # fmt: skip
-        assert point.clients is not None
-        return DesResult(
-            config=self.config,
-            load=point.load,
-            traces=point.traces,
-            warmup_end=point.start + point.load.warmup_s,
-            itl=None if point.record_chunks else point.itl.stats(),
-            fleet=FleetDelta(prefix_queries=queries, prefix_hits=hits, preemptions=preemptions),
-            replicas=tuple(reports),
-            sent=point.clients.dispensed,
-            incomplete=point.incomplete,
-            events=self.queue.processed - point.events0,
-            wall_s=wall_s,
-            cpu_s=cpu_s,
-            virtual_s=self.queue.now - point.start,
-            peak_rss_bytes=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
-            timings=DesTimings(point.workload_s, point.tokenize_s, point.route_s, point.engine_s,
-                               point.scrape_s),
-            tokens_encoded=self.tokenizer.tokens_encoded - point.tokens0,
-            prompt_tokens=point.prompt_tokens,
-        )
-
-
-def _counters(rep: SimReplica) -> tuple[int, int, int, int, int, float]:
-    s = rep.engine.stats
-    return (s.prefix_cache_queries_tokens, s.prefix_cache_hits_tokens, s.num_preemptions,
-            s.generation_tokens, s.steps, s.busy_s)
+        return self._require().outcome(self.config, self.replicas, self.queue, self.tokenizer)
 
 
 @contextlib.contextmanager

@@ -204,3 +204,17 @@ def test_consecutive_load_points_share_the_fleet_and_count_their_own_increases()
     assert second.fleet.prefix_hit_rate is not None and cold.fleet.prefix_hit_rate is not None
     assert second.fleet.prefix_hit_rate > cold.fleet.prefix_hit_rate  # the first point warmed the caches
     assert second.virtual_s == pytest.approx(sim.queue.now - t1)
+
+
+def test_a_drained_point_leaves_nothing_behind_for_the_next() -> None:
+    first = RandomWorkload(requests=400, prompt_tokens=64, output_tokens=40, model=MODEL, seed=1)
+    second = RandomWorkload(requests=20, prompt_tokens=64, output_tokens=40, model=MODEL, seed=2)
+    sim = Simulation(DesConfig(replace(TINY, replicas=2)))
+    cut = sim.run(first.requests(), LoadConfig(rate=2000.0, duration_s=0.05, drain_timeout_s=0.001,
+                                               request_timeout_s=0.2))
+    assert cut.incomplete > 0
+    after = sim.run([replace(s, request_id="next-" + s.request_id) for s in second.requests()], closed(4))
+    assert len(after.traces) == 20 and all(t.ok and t.request_id.startswith("next-") for t in after.traces)
+    assert after.incomplete == 0 and sum(r.requests for r in after.replicas) == 20
+    # The first point's timeouts (0.2 s after its sends) fall inside the second point: none fires there.
+    assert after.virtual_s > 0.3 and all(t.error is None for t in after.traces)

@@ -1,0 +1,108 @@
+"""`LoadPoint`: the state of one load point while a `Simulation` runs it, and its outcome.
+
+Owned by one `Simulation` (one point at a time); nothing here touches the event queue. Counters in
+the outcome are increases over the point (the fleet's engine counters, the tokenizer's work), as the
+live bench scrapes `/metrics` before and after a point; wall and CPU seconds count from the point's
+creation.
+"""
+
+from __future__ import annotations
+
+import resource
+import time
+from collections.abc import Callable, Sequence
+
+from loadtests.des.arrivals import LoadClients
+from loadtests.des.config import DesConfig
+from loadtests.des.events import EventQueue
+from loadtests.des.fleet import SimReplica
+from loadtests.des.outcome import DesResult, DesTimings, ReplicaReport
+from loadtests.des.prompts import PromptTokenizer
+from loadtests.des.traces import ItlHistogram, OpenRequest
+from loadtests.measures import FleetDelta, RequestTrace
+from loadtests.runner import LoadConfig
+
+Counters = tuple[int, int, int, int, int, float]
+
+
+def replica_counters(rep: SimReplica) -> Counters:
+    """(prefix queries, prefix hits, preemptions, generation tokens, steps, busy seconds) so far."""
+    s = rep.engine.stats
+    return (s.prefix_cache_queries_tokens, s.prefix_cache_hits_tokens, s.num_preemptions,
+            s.generation_tokens, s.steps, s.busy_s)  # fmt: skip
+
+
+class LoadPoint:
+    """One load point in progress. The `Simulation` reads and writes its fields directly: `open`
+    (requests in flight by engine id), `traces` (ended, in end order), `itl` (gaps when chunk times
+    are not kept), `timeouts` (a heap of (deadline, seq, engine id)), `alarm_at`, the pending-event
+    counts, and the seconds spent per part (`workload_s`, `tokenize_s`, `route_s`, `engine_s`,
+    `scrape_s`)."""
+
+    __slots__ = ("alarm_at", "arrival_pending", "clients", "cpu0", "engine_s", "events0", "incomplete",
+                 "itl", "load", "on_done", "open", "prompt_tokens", "record_chunks", "route_s", "routed0",
+                 "scrape_s", "sends_pending", "start", "stats0", "timeouts", "tokenize_s", "tokens0",
+                 "traces", "wall0", "workload_s")  # fmt: skip
+
+    def __init__(self, load: LoadConfig, start: float, record_chunks: bool,
+                 on_done: Callable[[RequestTrace], None] | None, replicas: Sequence[SimReplica],
+                 queue: EventQueue, tokenizer: PromptTokenizer) -> None:  # fmt: skip
+        self.load = load
+        self.start = start
+        self.record_chunks = record_chunks
+        self.on_done = on_done
+        self.clients: LoadClients | None = None
+        self.open: dict[str, OpenRequest] = {}
+        self.traces: list[RequestTrace] = []
+        self.itl = ItlHistogram()
+        self.timeouts: list[tuple[float, int, str]] = []
+        self.alarm_at: float | None = None
+        self.arrival_pending = False
+        self.sends_pending = 0
+        self.incomplete = 0
+        self.prompt_tokens = 0
+        self.workload_s = self.tokenize_s = self.route_s = self.engine_s = self.scrape_s = 0.0
+        self.wall0, self.cpu0 = time.perf_counter(), time.process_time()
+        self.events0 = queue.processed
+        self.tokens0 = tokenizer.tokens_encoded
+        self.stats0 = [replica_counters(rep) for rep in replicas]
+        self.routed0 = [rep.routed for rep in replicas]
+
+    def outcome(self, config: DesConfig, replicas: Sequence[SimReplica], queue: EventQueue,
+                tokenizer: PromptTokenizer) -> DesResult:  # fmt: skip
+        """The point's `DesResult` as of now (see the module docstring)."""
+        wall_s = time.perf_counter() - self.wall0
+        cpu_s = time.process_time() - self.cpu0
+        reports = []
+        queries = hits = preemptions = 0
+        for rep, before, routed0 in zip(replicas, self.stats0, self.routed0, strict=True):
+            now = replica_counters(rep)
+            q, h, pre = now[0] - before[0], now[1] - before[1], now[2] - before[2]
+            queries += q
+            hits += h
+            preemptions += pre
+            reports.append(ReplicaReport(
+                name=rep.name, requests=rep.routed - routed0, prefix_queries_tokens=q, prefix_hits_tokens=h,
+                prefix_hit_rate=h / q if q else None, preemptions=pre, generation_tokens=now[3] - before[3],
+                steps=now[4] - before[4], busy_s=now[5] - before[5],
+            ))  # fmt: skip
+        assert self.clients is not None
+        return DesResult(
+            config=config,
+            load=self.load,
+            traces=self.traces,
+            warmup_end=self.start + self.load.warmup_s,
+            itl=None if self.record_chunks else self.itl.stats(),
+            fleet=FleetDelta(prefix_queries=queries, prefix_hits=hits, preemptions=preemptions),
+            replicas=tuple(reports),
+            sent=self.clients.dispensed,
+            incomplete=self.incomplete,
+            events=queue.processed - self.events0,
+            wall_s=wall_s,
+            cpu_s=cpu_s,
+            virtual_s=queue.now - self.start,
+            peak_rss_bytes=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+            timings=DesTimings(self.workload_s, self.tokenize_s, self.route_s, self.engine_s, self.scrape_s),
+            tokens_encoded=tokenizer.tokens_encoded - self.tokens0,
+            prompt_tokens=self.prompt_tokens,
+        )
