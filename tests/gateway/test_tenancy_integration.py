@@ -298,3 +298,29 @@ async def test_a_client_leaving_the_queue_and_a_request_refused_after_admission_
         assert req_before <= req_after <= req_before + 1 and tok_before <= tok_after <= tok_before + 1
         used = (await s.client.get("/admin/tenants/acme", headers=admin)).json()["used"]
         assert used["requests"] == 1  # only the long request was charged
+
+
+async def test_pass_priority_sends_the_band_to_vllm_and_metrics_are_exposed() -> None:
+    cfg = {
+        "tenants": [tenant("ops", priority="standard", limits={"rpm": 100})],
+        "flow_control": {"pass_priority": True},
+    }
+    async with tenancy_stack(cfg, replicas=1, scheduling_policy="priority") as s:
+        for band in ("standard", "sheddable"):
+            body = chat("hi", priority=-5)  # the client's own priority never reaches the engine
+            r = await s.client.post(
+                "/v1/chat/completions", json=body, headers={**auth("ops"), "x-kvgate-priority": band}
+            )
+            assert r.status_code == 200, r.text
+        text = (await s.client.get("/metrics")).text
+        for family in (
+            "kvgate_queue_depth",
+            "kvgate_tenant_bucket_level",
+            "kvgate_tenant_in_flight",
+            "kvgate_state_store_up",
+            "kvgate_admissions_total",
+        ):
+            assert family in text, family
+    async with tenancy_stack(cfg, replicas=1) as s:  # a replica without priority scheduling refuses it
+        r = await s.client.post("/v1/chat/completions", json=chat("hi"), headers=auth("ops"))
+        assert r.status_code == 400 and "Priority scheduling is not enabled" in r.json()["error"]["message"]
