@@ -88,9 +88,10 @@ def build_parser() -> argparse.ArgumentParser:
     wl.add_argument("--target-multiple", type=float, default=4.0)
     wl.add_argument("--adapters", type=int, default=8, help="lora-mix adapters")
     load = p.add_argument_group("load (simulated seconds)")
-    mode = load.add_mutually_exclusive_group()
-    mode.add_argument("--concurrency", default=None, help="closed loop, comma-separated points (default 16)")
-    mode.add_argument("--rate", default=None, help="open loop requests/s, comma-separated points")
+    load.add_argument("--concurrency", default=None,
+                      help="closed loop, comma-separated points (default 16 when no --rate)")
+    load.add_argument("--rate", default=None,
+                      help="open loop requests/s, comma-separated points (run after the closed-loop ones)")
     load.add_argument("--burstiness", type=float, default=1.0, help="open loop gamma shape (1 = Poisson)")
     load.add_argument("--requests", type=int, default=1000, help="requests per load point")
     load.add_argument("--warmup-requests", type=int, default=0, help="unmeasured requests before the points")
@@ -185,7 +186,7 @@ def run(args: argparse.Namespace, command: str) -> list[dict[str, Any]]:
             stream = iter(workload.requests())
             if args.warmup_requests:
                 # As kvgate bench: closed loop at the top concurrency, at most 2 per replica.
-                warm = LoadConfig(concurrency=int(min(max(closed or [16.0]), 2 * args.replicas)),
+                warm = LoadConfig(concurrency=int(min(max(closed or [1.0]), 2 * args.replicas)),
                                   max_requests=args.warmup_requests, duration_s=INF,
                                   seed=args.seed)  # fmt: skip
                 sim.run(_take(stream, args.warmup_requests), warm, on_done=tick)

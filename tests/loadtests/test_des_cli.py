@@ -39,8 +39,18 @@ def test_open_loop_and_other_workloads_build() -> None:
         assert (fleet.engine.max_loras > 0) == (workload == "lora-mix")
 
 
+def test_closed_and_open_points_in_one_sweep(tmp_path: Path) -> None:
+    code = main(["--replicas", "2", "--profile", "tiny", "--workload", "random", "--prompt-tokens", "32",
+                 "--output-tokens", "4", "--requests", "12", "--concurrency", "2", "--rate", "50",
+                 "--out", str(tmp_path), "--no-progress"])
+    assert code == 0
+    runs = load_results(tmp_path / "results.json")["runs"]
+    points = [(r["mode"], r["concurrency"], r["rate"]) for r in runs]
+    assert points == [("closed", 2, None), ("open", None, 50.0)]
+
+
 def test_bad_arguments_are_refused(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
-        main(["--concurrency", "4", "--rate", "2"])
+        main(["--requests", "0"])
     assert main(["--profile", "nope", "--no-progress"]) == 2
     assert "unknown profile" in capsys.readouterr().err
