@@ -25,7 +25,7 @@ from gateway.asgi_io import (
     read_body,
     send_error,
 )
-from gateway.errors import GatewayError
+from gateway.errors import GatewayError, bad_request
 from gateway.forwarder import Dispatch, Outcome
 from gateway.request_parse import Endpoint, ParsedRequest, parse_request, unknown_model
 from gateway.sse_filter import Usage
@@ -73,12 +73,18 @@ class ProxyEndpoint:
             base, adapter = resolved
             model_label = base
             gw.tenancy.check_model(tenant, req.model)
+            cap = gw.tenancy.output_cap(tenant)
+            if cap is not None and req.max_tokens is not None and req.max_tokens > cap:
+                raise bad_request(
+                    f"max_tokens={req.max_tokens} is over this key's limit of {cap} output tokens",
+                    "max_tokens",
+                )
             info = self._request_info(req, base, adapter, tenant.name, scope)
             watch = DisconnectWatch(receive, task)
             admitted = await gw.tenancy.admit(tenant, info, header(scope, b"x-kvgate-priority"))
             info = admitted.info
             extra_headers = admitted.headers
-            outcome = await self._route_and_forward(req, raw, info, admitted, send, watch, progress)
+            outcome = await self._route_and_forward(req, raw, info, admitted, send, watch, progress, cap)
             status = outcome.status
         except GatewayError as err:
             status = err.status
@@ -127,6 +133,7 @@ class ProxyEndpoint:
         send: Send,
         watch: DisconnectWatch,
         progress: Outcome,
+        output_cap: int | None,
     ) -> Outcome:
         gw = self.gw
         t = time.perf_counter()
@@ -159,7 +166,7 @@ class ProxyEndpoint:
 
         dispatch = Dispatch(
             path=self.path,
-            body=self._upstream_body(req, raw, admitted.vllm_priority),
+            body=self._upstream_body(req, raw, admitted.vllm_priority, output_cap),
             ranked=decision.ranked,
             stream=req.stream,
             strip_usage=req.stream and not req.include_usage,
@@ -169,10 +176,16 @@ class ProxyEndpoint:
         )
         return await gw.forwarder.forward(dispatch, guarded_send, progress)
 
-    def _upstream_body(self, req: ParsedRequest, raw: bytes, vllm_priority: int | None) -> bytes:
-        """The body for the replica: untouched unless kvgate must ask for usage or set priority."""
+    def _upstream_body(
+        self, req: ParsedRequest, raw: bytes, vllm_priority: int | None, output_cap: int | None
+    ) -> bytes:
+        """The body for the replica: untouched unless kvgate must ask for usage, set priority or
+        bound the output to the tenant's cap."""
         body = req.body
         changed = False
+        if output_cap is not None and req.max_tokens is None:
+            body = {**body, "max_tokens": output_cap}
+            changed = True
         if req.stream and not req.include_usage:
             opts = dict(body.get("stream_options") or {})
             opts["include_usage"] = True

@@ -173,6 +173,16 @@ class Tenancy:
                 code="model_not_allowed",
             )
 
+    def output_cap(self, tenant: Tenant) -> int | None:
+        """The output cap kvgate enforces for `tenant`, or None when no tenants are configured.
+
+        With tenants, `limits.max_output_tokens` is a limit, not just the reservation's default: a
+        larger `max_tokens` is refused (400) and a missing one is set to it in the body sent to the
+        replica, so a response can never outgrow what was reserved for it. Without tenants, the
+        replica's own default applies, as it would without kvgate.
+        """
+        return None if self.registry.open else tenant.max_output_tokens
+
     def default_max_tokens(self, tenant: str) -> int:
         t = self.registry.get(tenant)
         return t.max_output_tokens if t is not None else _DEFAULT_OUTPUT_CAP

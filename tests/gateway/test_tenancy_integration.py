@@ -332,3 +332,21 @@ async def test_pass_priority_sends_the_band_to_vllm_and_metrics_are_exposed() ->
     async with tenancy_stack(cfg, replicas=1) as s:  # a replica without priority scheduling refuses it
         r = await s.client.post("/v1/chat/completions", json=chat("hi"), headers=auth("ops"))
         assert r.status_code == 400 and "Priority scheduling is not enabled" in r.json()["error"]["message"]
+
+
+async def test_max_output_tokens_is_a_limit_the_replica_cannot_exceed() -> None:
+    async with tenancy_stack(LIMITED) as s:
+        c = s.client
+        r = await c.post(
+            "/v1/chat/completions", json=chat("too long please", max_tokens=51), headers=auth("acme")
+        )
+        err = assert_openai_error(r, 400, "invalid_request_error")
+        assert err["param"] == "max_tokens" and "50" in err["message"]
+        # no max_tokens: kvgate sets the tenant's cap, so the answer stops at what was reserved
+        body = {"model": MODEL, "messages": [{"role": "user", "content": "go on"}]}
+        r = await c.post("/v1/chat/completions", json=body, headers=auth("acme"))
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 50
+        stream = {**body, "stream": True, "stream_options": {"include_usage": True}}
+        async with c.stream("POST", "/v1/chat/completions", json=stream, headers=auth("acme")) as r:
+            events = [line async for line in r.aiter_lines() if line.startswith("data: ")]
+        assert orjson.loads(events[-2][6:])["usage"]["completion_tokens"] == 50
