@@ -226,6 +226,7 @@ class _Bench:
             workloads=[
                 {
                     **w.describe(),
+                    "name": plan.name,
                     "policies": list(p.policies_for(plan)),
                     "warmup_requests": p.plan_warmup(plan),
                 }
@@ -290,16 +291,16 @@ class _Bench:
                       workload: Workload, specs: list[RequestSpec], policy: str) -> None:  # fmt: skip
         p = self.preset
         attempts = await bench_fleet.reset_prefix_caches(control, fleet.urls)
-        self.resets.append({"workload": plan.workload, "policy": policy, "attempts": attempts})
+        self.resets.append({"workload": plan.name, "policy": policy, "attempts": attempts})
         if self._bar is not None:
-            self._bar.set_description(f"{plan.workload} {policy}")
+            self._bar.set_description(f"{plan.name} {policy}")
         if policy == DIRECT:
             await self._sweep(control, fleet, plan, specs, policy, fleet.urls[0], None)
             return
         config = gateway_config(
             policy, fleet.urls, p.fleet.model, preset=p, workload=workload, port=free_port()
         )
-        slug = f"{plan.workload}-{policy}"
+        slug = f"{plan.name}-{policy}"
         gateway = GatewayProcess(config, self.out_dir / "configs" / f"{slug}.yaml", self.layout.gateway_cpus,
                                  self.out_dir / "logs" / f"gateway-{slug}.log")  # fmt: skip
         async with gateway:
@@ -324,7 +325,7 @@ class _Bench:
         for mode, load, n, offset in p.points_for(policy, plan):
             if self._bar is not None:
                 self._bar.set_description(
-                    f"{plan.workload} {policy} {'c=' if mode == 'closed' else 'rate='}{load:g}"
+                    f"{plan.name} {policy} {'c=' if mode == 'closed' else 'rate='}{load:g}"
                 )
             config = LoadConfig(
                 concurrency=int(load) if mode == "closed" else None,
@@ -361,7 +362,7 @@ class _Bench:
         scale = p.fleet.time_scale
         modelled = to_model_time(result, scale, warmup_s=p.warmup_s, duration_s=p.max_duration_s)
         record = modelled.to_record(
-            policy=policy, workload=plan.workload, slo=self.slo, fleet=fleet_delta(counters0, counters1)
+            policy=policy, workload=plan.name, slo=self.slo, fleet=fleet_delta(counters0, counters1)
         ).as_dict()
         health = bench_fleet.sim_health_delta(health0, health1)
         record.update(

@@ -65,12 +65,12 @@ def des_argv(
     for key, value in plan.params.items():
         flag = _PARAM_FLAGS.get(key)
         if flag is None:
-            notes.append(f"{plan.workload}: {key}={value} has no des_cli flag (its default applies)")
+            notes.append(f"{plan.name}: {key}={value} has no des_cli flag (its default applies)")
         else:
             argv += [flag, f"{value:g}" if isinstance(value, float) else str(value)]
     if not progress:
         argv.append("--no-progress")
-    out = out_dir / f"des-{plan.workload}"
+    out = out_dir / f"des-{plan.name}"
     runs = []
     if preset.concurrency:
         runs.append([*argv, "--concurrency", _csv(preset.concurrency), "--out", str(out)])

@@ -115,16 +115,23 @@ class WorkloadPlan:
     tokens; how many requests and the model come from the run). For `shared-prefix`, without
     `groups` the group count comes from `size_shared_prefix` at `target_multiple` (default 4) times
     one replica's KV. `policies` restricts which policies run it (empty: all of the run's);
-    `warmup_requests` replaces the preset's (e.g. 0 where there is nothing to warm)."""
+    `warmup_requests` replaces the preset's (e.g. 0 where there is nothing to warm). `label` names
+    the workload in results when one type runs twice with other parameters (default: the type)."""
 
     workload: str
     params: Mapping[str, Any] = field(default_factory=dict)
     policies: tuple[str, ...] = ()
     warmup_requests: int | None = None
+    label: str | None = None
 
     def __post_init__(self) -> None:
         if self.workload not in WORKLOAD_TYPES:
             raise ValueError(f"unknown workload {self.workload!r}; known: {', '.join(WORKLOAD_TYPES)}")
+
+    @property
+    def name(self) -> str:
+        """The workload's name in results: its label, else its type."""
+        return self.label or self.workload
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,6 +175,9 @@ class BenchPreset:
     def __post_init__(self) -> None:
         if not self.workloads:
             raise ValueError(f"preset {self.name!r} has no workloads")
+        names = [p.name for p in self.workloads]
+        if len(set(names)) != len(names):
+            raise ValueError(f"preset {self.name!r} runs a workload twice: label one of {names}")
         if not self.policies:
             raise ValueError(f"preset {self.name!r} has no policies")
         if not self.concurrency and not self.rates:
@@ -262,46 +272,56 @@ def build_workload(plan: WorkloadPlan, fleet: FleetPlan, *, requests: int, seed:
     raise ValueError(f"no builder for workload {plan.workload!r}")  # pragma: no cover - checked in plan
 
 
-def default_variant(
-    prefix: float, queue: float, kv: float, guard: tuple[float, float] | None
-) -> dict[str, Any]:
-    """The built-in `default` profile with other scorer weights and load-guard slack: `prefix`,
-    `queue`, `kv` are the prefix-affinity, queue-depth and kv-headroom weights; `guard` is the
-    load-guard's (abs_slack requests, rel_slack fraction), None to drop the guard. Every other filter
-    and scorer is kept as built in."""
-    spec = builtin_profile_spec("default")
-    weights = {"prefix-affinity": prefix, "queue-depth": queue, "kv-headroom": kv}
-    for scorer in spec["scorers"]:
-        if scorer["type"] in weights:
-            scorer["weight"] = weights[scorer["type"]]
-    filters = [f for f in spec["filters"] if f["type"] != "load-guard"]
-    if guard is not None:
-        filters.append({"type": "load-guard", "params": {"abs_slack": guard[0], "rel_slack": guard[1]}})
-    spec["filters"] = filters
-    return spec
+@dataclass(frozen=True, slots=True)
+class DefaultWeights:
+    """A variant of the built-in `default` profile: the prefix-affinity, queue-depth and kv-headroom
+    weights; the load-guard's slack (`guard` = (abs_slack requests, rel_slack fraction of the least
+    load), None drops the guard); the kv-full filter's threshold (KV usage fraction, None drops it).
+    Every other filter and scorer stays as built in."""
+
+    prefix: float
+    queue: float
+    kv: float
+    guard: tuple[float, float] | None = (8.0, 0.5)
+    kv_full: float | None = 0.98
+
+    @property
+    def name(self) -> str:
+        guard = "noguard" if self.guard is None else f"g{self.guard[0]:g}-{self.guard[1]:g}"
+        full = "nofull" if self.kv_full is None else f"f{self.kv_full:g}"
+        return f"p{self.prefix:g}-q{self.queue:g}-k{self.kv:g}-{guard}-{full}"
+
+    def spec(self) -> dict[str, Any]:
+        """The profile spec (config `scheduling.profiles` form)."""
+        spec = builtin_profile_spec("default")
+        weights = {"prefix-affinity": self.prefix, "queue-depth": self.queue, "kv-headroom": self.kv}
+        for scorer in spec["scorers"]:
+            if scorer["type"] in weights:
+                scorer["weight"] = weights[scorer["type"]]
+        filters = [f for f in spec["filters"] if f["type"] not in ("load-guard", "kv-full")]
+        if self.kv_full is not None:
+            filters.append({"type": "kv-full", "params": {"threshold": self.kv_full}})
+        if self.guard is not None:
+            filters.append(
+                {"type": "load-guard", "params": {"abs_slack": self.guard[0], "rel_slack": self.guard[1]}}
+            )
+        spec["filters"] = filters
+        return spec
 
 
-def _variant_name(prefix: float, queue: float, kv: float, guard: tuple[float, float] | None) -> str:
-    g = "noguard" if guard is None else f"g{guard[0]:g}-{guard[1]:g}"
-    return f"p{prefix:g}-q{queue:g}-k{kv:g}-{g}"
-
-
-# Candidate weightings of the default profile, compared by the `weights` preset. The first is the
-# provisional built-in one (prefix 3, queue 2, kv 1, load-guard 8 requests / 50%).
-WEIGHT_CANDIDATES: tuple[tuple[float, float, float, tuple[float, float] | None], ...] = (
-    (3, 2, 1, (8, 0.5)),
-    (3, 2, 1, (16, 1.0)),
-    (3, 2, 1, None),
-    (5, 2, 1, (8, 0.5)),
-    (5, 2, 1, (16, 1.0)),
-    (3, 1, 1, (8, 0.5)),
-    (3, 2, 0, (8, 0.5)),
+# Candidate variants of the default profile, compared by the `weights` preset (docs/benchmarks.md,
+# "Choosing the default weights", has the earlier rounds). The first is the provisional built-in one.
+WEIGHT_CANDIDATES: tuple[DefaultWeights, ...] = (
+    DefaultWeights(3, 2, 1, (8, 0.5), 0.98),
+    DefaultWeights(3, 2, 1, (16, 1.0), 0.98),
+    DefaultWeights(3, 2, 0, (16, 1.0), 0.98),
+    DefaultWeights(3, 2, 1, (16, 1.0), None),
+    DefaultWeights(3, 2, 0, (16, 1.0), None),
+    DefaultWeights(3, 2, 0, (8, 0.5), None),
 )
 CANDIDATE_PROFILES: Mapping[str, Mapping[str, Any]] = MappingProxyType(
-    {_variant_name(*c): default_variant(*c) for c in WEIGHT_CANDIDATES}
+    {c.name: c.spec() for c in WEIGHT_CANDIDATES}
 )
-# On `random` no prompt matches, so the prefix weight makes no difference: run one of each.
-_RANDOM_CANDIDATES = tuple(_variant_name(*c) for c in WEIGHT_CANDIDATES if c[0] == 3)
 
 
 # --- the presets ----------------------------------------------------------------------------------
@@ -312,7 +332,19 @@ _RANDOM_CANDIDATES = tuple(_variant_name(*c) for c in WEIGHT_CANDIDATES if c[0] 
 _SHARED_PREFIX = WorkloadPlan(
     "shared-prefix", {"system_prompt_tokens": 4096, "question_tokens": 256, "output_tokens": 64}
 )
-_RANDOM = WorkloadPlan("random", {"prompt_tokens": 4352, "output_tokens": 64}, warmup_requests=0)
+# Random prompt lengths vary by +-25%: with equal lengths a closed loop falls into lockstep (every
+# replica prefills at the same moments) and TTFT jumps between multiples of one prefill's time.
+_RANDOM = WorkloadPlan(
+    "random", {"prompt_tokens": 4352, "output_tokens": 64, "length_jitter": 0.25}, warmup_requests=0
+)
+# Two hot system prompts on four replicas: prefix affinity alone would herd each onto one replica
+# (or both onto one); the load terms must spread them. It fits one replica, so it is no test of the
+# cache's reach, only of anti-herding.
+_HOT_PREFIX = WorkloadPlan(
+    "shared-prefix",
+    {"groups": 2, "system_prompt_tokens": 4096, "question_tokens": 256, "output_tokens": 64},
+    label="shared-prefix-hot",
+)
 _MULTI_TURN = WorkloadPlan(
     "multi-turn",
     {"turns": 4, "system_prompt_tokens": 1024, "user_tokens": 256, "output_tokens": 64,
@@ -360,12 +392,13 @@ _PRESETS: dict[str, BenchPreset] = {
     ),
     "weights": BenchPreset(
         name="weights",
-        description="candidate weightings of the default profile on shared-prefix and random (c=16-64), "
-        "with round-robin, least-loaded and prefix-only for reference",
-        fleet=_FLEET,
+        description="candidate weightings of the default profile on shared-prefix, two hot prefixes and "
+        "random (c=16-64), with round-robin, least-loaded and prefix-only for reference",
+        fleet=replace(_FLEET, time_scale=4.0),
         workloads=(
             _SHARED_PREFIX,
-            replace(_RANDOM, policies=("least-loaded", "round-robin", *_RANDOM_CANDIDATES)),
+            _HOT_PREFIX,
+            _RANDOM,
         ),
         policies=("round-robin", "least-loaded", "prefix-only", *CANDIDATE_PROFILES),
         profiles=CANDIDATE_PROFILES,

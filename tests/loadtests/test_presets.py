@@ -14,7 +14,9 @@ from loadtests.presets import (
     DEFAULT_WORKLOAD_PLANS,
     DIRECT,
     PRESETS,
+    WEIGHT_CANDIDATES,
     BenchPreset,
+    DefaultWeights,
     FleetPlan,
     WorkloadPlan,
     build_workload,
@@ -22,7 +24,7 @@ from loadtests.presets import (
     workload_plans,
 )
 from loadtests.workloads import WORKLOAD_TYPES, SharedPrefixWorkload
-from policies.scheduling.builtin_profiles import BUILTIN_PROFILE_NAMES
+from policies.scheduling.builtin_profiles import BUILTIN_PROFILE_NAMES, builtin_profile_spec
 from simulator import cli as sim_cli
 
 
@@ -201,6 +203,58 @@ def test_a_plan_may_restrict_its_policies() -> None:
     plan = WorkloadPlan("random", {"prompt_tokens": 8, "output_tokens": 2}, policies=("default",))
     preset = dataclasses.replace(get_preset("tiny"), workloads=(plan,), policies=("round-robin", "default"))
     assert preset.policies_for(plan) == ("default",)
+
+
+def test_a_workload_type_may_run_twice_under_two_labels() -> None:
+    plan = WorkloadPlan("random", {"prompt_tokens": 8, "output_tokens": 2})
+    assert plan.name == "random" and dataclasses.replace(plan, label="random-b").name == "random-b"
+    with pytest.raises(ValueError, match="twice"):
+        dataclasses.replace(get_preset("tiny"), workloads=(plan, plan))
+    preset = dataclasses.replace(get_preset("tiny"), workloads=(plan, dataclasses.replace(plan, label="b")))
+    assert [p.name for p in preset.workloads] == ["random", "b"]
+
+
+def test_weights_preset_compares_candidates_of_the_default_profile() -> None:
+    preset = get_preset("weights")
+    assert {p.name for p in preset.workloads} == {"shared-prefix", "shared-prefix-hot", "random"}
+    for name, spec in preset.profiles.items():
+        assert name in preset.policies
+        assert [s["type"] for s in spec["scorers"]] == [
+            s["type"] for s in builtin_profile_spec("default")["scorers"]
+        ]
+
+
+def test_default_weights_variant_sets_weights_guard_and_kv_full() -> None:
+    variant = DefaultWeights(5, 1, 0.5, (16, 1.0), 0.9)
+    spec = variant.spec()
+    weights = {s["type"]: s["weight"] for s in spec["scorers"]}
+    assert (weights["prefix-affinity"], weights["queue-depth"], weights["kv-headroom"]) == (5, 1, 0.5)
+    params = {f["type"]: f.get("params") for f in spec["filters"]}
+    assert params["load-guard"] == {"abs_slack": 16, "rel_slack": 1.0} and params["kv-full"] == {
+        "threshold": 0.9
+    }
+    assert variant.name == "p5-q1-k0.5-g16-1-f0.9"
+    bare = DefaultWeights(3, 2, 1, None, None)
+    assert {f["type"] for f in bare.spec()["filters"]} == {
+        "healthy",
+        "serves-model",
+        "serves-adapter",
+        "fresh",
+    }
+    assert bare.name == "p3-q2-k1-noguard-nofull"
+
+
+def test_the_first_candidate_is_the_built_in_default() -> None:
+    from policies.scheduling.registry import build_profile
+
+    first = WEIGHT_CANDIDATES[0].spec()
+    built_in = builtin_profile_spec("default")
+    def key(f: dict[str, Any]) -> tuple[str, dict[str, float]]:
+        return f["type"], {k: float(v) for k, v in f.get("params", {}).items()}
+
+    assert sorted(map(key, first["filters"])) == sorted(map(key, built_in["filters"]))
+    assert first["scorers"] == built_in["scorers"]
+    build_profile(first)  # a valid profile
 
 
 def test_shared_prefix_with_explicit_groups_skips_sizing() -> None:
