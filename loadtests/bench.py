@@ -221,6 +221,7 @@ class _Bench:
             warmup_requests=p.warmup_requests,
             warmup_s=p.warmup_s,
             max_duration_s=p.max_duration_s,
+            open_duration_s=p.open_duration_s,
             direct_points=p.direct_points,
             seed=p.seed,
             workloads=[
@@ -327,21 +328,22 @@ class _Bench:
                 self._bar.set_description(
                     f"{plan.name} {policy} {'c=' if mode == 'closed' else 'rate='}{load:g}"
                 )
+            duration = p.max_duration_s if mode == "closed" else p.open_duration_s
             config = LoadConfig(
                 concurrency=int(load) if mode == "closed" else None,
                 rate=load / scale if mode == "open" else None,
-                max_requests=n, duration_s=p.max_duration_s * scale, warmup_s=p.warmup_s * scale,
+                max_requests=n, duration_s=duration * scale, warmup_s=p.warmup_s * scale,
                 drain_timeout_s=p.drain_s * scale, request_timeout_s=(p.max_duration_s + p.drain_s) * scale,
                 seed=p.seed,
             )  # fmt: skip
             record = await self._point(control, fleet, plan, specs[offset : offset + n], policy, target,
-                                       gateway, config)  # fmt: skip
+                                       gateway, config, duration)  # fmt: skip
             self.records.append(record)
             self.write(final=False)
 
     async def _point(self, control: aiohttp.ClientSession, fleet: SimFleetProcess, plan: WorkloadPlan,
                      specs: list[RequestSpec], policy: str, target: str, gateway: GatewayProcess | None,
-                     config: LoadConfig) -> dict[str, Any]:  # fmt: skip
+                     config: LoadConfig, duration_s: float) -> dict[str, Any]:  # fmt: skip
         p = self.preset
         urls = fleet.urls
         sim_pid = fleet.child.pid if fleet.child is not None else None
@@ -360,7 +362,7 @@ class _Bench:
         health1 = await bench_fleet.scrape_sim_health(control, urls)
         gauges1 = await bench_fleet.scrape_gateway_gauges(control, gateway.url) if gateway else None
         scale = p.fleet.time_scale
-        modelled = to_model_time(result, scale, warmup_s=p.warmup_s, duration_s=p.max_duration_s)
+        modelled = to_model_time(result, scale, warmup_s=p.warmup_s, duration_s=duration_s)
         record = modelled.to_record(
             policy=policy, workload=plan.name, slo=self.slo, fleet=fleet_delta(counters0, counters1)
         ).as_dict()

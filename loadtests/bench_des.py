@@ -47,8 +47,7 @@ def des_argv(
         "--max-num-batched-tokens", str(fleet.max_num_batched_tokens),
         "--workload", plan.workload, "--tokenizer", preset.gateway_tokenizer, "--slo", preset.slo,
         "--seed", str(preset.seed), "--warmup-requests", str(preset.plan_warmup(plan)),
-        "--warmup-s", f"{preset.warmup_s:g}", "--duration", f"{preset.max_duration_s:g}",
-        "--drain", f"{preset.drain_s:g}",
+        "--warmup-s", f"{preset.warmup_s:g}", "--drain", f"{preset.drain_s:g}",
     ]  # fmt: skip
     if fleet.kv_blocks is not None:
         argv += ["--kv-blocks", str(fleet.kv_blocks)]
@@ -73,10 +72,12 @@ def des_argv(
     out = out_dir / f"des-{plan.name}"
     runs = []
     if preset.concurrency:
-        runs.append([*argv, "--concurrency", _csv(preset.concurrency), "--out", str(out)])
+        closed = ["--concurrency", _csv(preset.concurrency), "--duration", f"{preset.max_duration_s:g}"]
+        runs.append([*argv, *closed, "--out", str(out)])
     if preset.rates:
         open_out = out.with_name(out.name + "-open") if preset.concurrency else out
-        runs.append([*argv, "--rate", _csv(preset.rates), "--out", str(open_out)])
+        rates = ["--rate", _csv(preset.rates), "--duration", f"{preset.open_duration_s:g}"]
+        runs.append([*argv, *rates, "--out", str(open_out)])
     return runs, notes
 
 

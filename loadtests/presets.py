@@ -141,7 +141,8 @@ class BenchPreset:
 
     Load points: closed loop at each `concurrency`, then open loop at each `rates` (requests/s).
     Requests per point: `requests` when set, else max(`min_requests`, `requests_per_slot` x
-    concurrency) closed loop and max(`min_requests`, rate x `max_duration_s`) open loop. Before its
+    concurrency) closed loop and max(`min_requests`, rate x `open_duration_s`) open loop (arrivals
+    stop after `open_duration_s` simulated seconds, or when the point's requests are sent). Before its
     first point each policy sends `warmup_requests` unmeasured requests (so every policy starts from
     its own steady state, not from an empty cache); inside each point the first `warmup_s` are not
     measured. `max_duration_s` bounds a point (simulated seconds; requests still running
@@ -164,6 +165,7 @@ class BenchPreset:
     warmup_requests: int = 0
     warmup_s: float = 0.0
     max_duration_s: float = 120.0
+    open_duration_s: float = 10.0
     drain_s: float = 30.0
     direct_points: int | None = 1
     slo: str = "ttft=1s,tpot=100ms"
@@ -184,6 +186,8 @@ class BenchPreset:
             raise ValueError(f"preset {self.name!r} has no load points")
         if any(c < 1 for c in self.concurrency) or any(not r > 0 for r in self.rates):
             raise ValueError("concurrency must be >= 1 and rates > 0")
+        if not (self.max_duration_s > 0 and self.open_duration_s > 0 and self.drain_s >= 0):
+            raise ValueError("max_duration_s and open_duration_s must be > 0 and drain_s >= 0")
         if self.requests is not None and self.requests < 1:
             raise ValueError(f"requests must be >= 1, got {self.requests}")
         if self.gateway_tokenizer not in ("none", "sim"):
@@ -199,7 +203,7 @@ class BenchPreset:
             return self.requests
         if mode == "closed":
             return max(self.min_requests, self.requests_per_slot * int(load))
-        return max(self.min_requests, math.ceil(load * self.max_duration_s))
+        return max(self.min_requests, math.ceil(load * self.open_duration_s))
 
     def plan_warmup(self, plan: WorkloadPlan | None = None) -> int:
         """Warm-up requests before a workload's first point: the plan's own count, else the preset's."""

@@ -81,6 +81,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--duration", type=float, default=None, help="upper bound of one load point, simulated seconds"
     )
+    p.add_argument(
+        "--open-duration",
+        type=float,
+        default=None,
+        help="open-loop points: seconds of arrivals (simulated), default 10",
+    )
     p.add_argument("--replicas", type=int, default=None, help="simulated replicas")
     p.add_argument("--profile", default=None, help="simulator model/GPU profile, e.g. llama-3-8b-h100")
     p.add_argument("--time-scale", type=float, default=None, help="wall seconds per simulated second")
@@ -178,7 +184,8 @@ def resolve(args: argparse.Namespace) -> tuple[Any, Any]:
         changes["concurrency"] = tuple(args.concurrency or ())
         changes["rates"] = tuple(args.rate or ())
     for flag, field in (("requests", "requests"), ("warmup_requests", "warmup_requests"),
-                        ("duration", "max_duration_s"), ("slo", "slo"), ("seed", "seed"),
+                        ("duration", "max_duration_s"), ("open_duration", "open_duration_s"), ("slo", "slo"),
+                        ("seed", "seed"),
                         ("gateway_tokenizer", "gateway_tokenizer")):  # fmt: skip
         if getattr(args, flag) is not None:
             changes[field] = getattr(args, flag)

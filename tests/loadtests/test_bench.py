@@ -68,6 +68,8 @@ def test_flags_override_the_preset() -> None:
         "--seed",
         "7",
         "--direct",
+        "--open-duration",
+        "12",
         "--gateway-tokenizer",
         "sim",
     )
@@ -87,6 +89,7 @@ def test_flags_override_the_preset() -> None:
         256,
     )
     assert (preset.slo, preset.seed, preset.gateway_tokenizer) == ("ttft=2s,tpot=40ms", 7, "sim")
+    assert preset.open_duration_s == 12.0
 
 
 def test_without_flags_the_preset_is_kept() -> None:

@@ -33,6 +33,7 @@ def test_the_preset_becomes_des_cli_arguments_its_parser_reads(tmp_path: Path) -
         "3",
         tmp_path / "des-shared-prefix-open",
     )
+    assert (args.duration, open_args.duration) == (preset.max_duration_s, preset.open_duration_s)
     assert args.requests == max(preset.point_requests(m, x) for m, x in preset.load_points())
     assert args.warmup_requests == preset.plan_warmup(plan) and args.slo == preset.slo and args.no_progress
     assert notes == ["direct skipped: there is no HTTP path in virtual time"]
@@ -56,15 +57,16 @@ def test_custom_profiles_reach_the_des_through_a_gateway_config(tmp_path: Path) 
         return 0
 
     assert run_des(preset, preset.workloads, tmp_path, fake_main, progress=False, say=lambda _: None) == 0
-    assert len(calls) == 2
+    outs = [call[call.index("--out") + 1] for call in calls]
+    assert outs == [str(tmp_path / f"des-{p.name}") for p in preset.workloads]
     config_path = Path(calls[0][calls[0].index("--gateway-config") + 1])
     assert set(yaml.safe_load(config_path.read_text())["scheduling"]["profiles"]) == set(preset.profiles)
-    assert calls[1][calls[1].index("--out") + 1] == str(tmp_path / "des-random")
 
 
 def test_run_des_stops_at_the_first_failure(tmp_path: Path) -> None:
     preset = dataclasses.replace(
-        get_preset("tiny"), workloads=(WorkloadPlan("random", {"prompt_tokens": 8}),) * 2
+        get_preset("tiny"),
+        workloads=(WorkloadPlan("random", {"prompt_tokens": 8}), WorkloadPlan("random", label="b")),
     )
     calls: list[Sequence[str]] = []
 

@@ -84,7 +84,8 @@ def test_points_are_consecutive_slices_after_the_warmup_the_same_for_every_polic
         min_requests=10,
         requests_per_slot=2,
         warmup_requests=5,
-        max_duration_s=20.0,
+        max_duration_s=99.0,
+        open_duration_s=20.0,
         direct_points=1,
     )
     points = preset.points_for("default")
@@ -249,6 +250,7 @@ def test_the_first_candidate_is_the_built_in_default() -> None:
 
     first = WEIGHT_CANDIDATES[0].spec()
     built_in = builtin_profile_spec("default")
+
     def key(f: dict[str, Any]) -> tuple[str, dict[str, float]]:
         return f["type"], {k: float(v) for k, v in f.get("params", {}).items()}
 
