@@ -8,6 +8,7 @@ cannot blow up the series count.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from typing import Any, NamedTuple
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
@@ -33,6 +34,12 @@ class _CallbackCollector(Collector):
 
     def collect(self) -> Iterable[Metric]:
         return self._produce()
+
+
+class ModelChildren(NamedTuple):
+    ttft: Any
+    itl: Any
+    e2e: Any
 
 
 class GatewayMetrics:
@@ -148,6 +155,45 @@ class GatewayMetrics:
             "stays charged).",
             registry=r,
         )
+
+        # labels() costs a lock and a dict lookup each time; the request path asks the same few
+        # children over and over, so they are looked up once per label set and kept.
+        self._by_model: dict[str, ModelChildren] = {}
+        self._status: dict[tuple[str, int], Any] = {}
+        self._tokens: dict[tuple[str, str], tuple[Any, Any, Any]] = {}
+        self._replica: dict[str, Any] = {}
+
+    def for_model(self, model: str) -> ModelChildren:
+        c = self._by_model.get(model)
+        if c is None:
+            c = self._by_model[model] = ModelChildren(
+                self.ttft.labels(model), self.itl.labels(model), self.e2e.labels(model)
+            )
+        return c
+
+    def request_done(self, model: str, status: int) -> None:
+        c = self._status.get((model, status))
+        if c is None:
+            c = self._status[(model, status)] = self.requests.labels(model, str(status))
+        c.inc()
+
+    def tokens_used(self, model: str, tenant: str, prompt: int, completion: int, cached: int) -> None:
+        c = self._tokens.get((model, tenant))
+        if c is None:
+            c = self._tokens[(model, tenant)] = (
+                self.tokens.labels(model, tenant, "prompt"),
+                self.tokens.labels(model, tenant, "completion"),
+                self.tokens.labels(model, tenant, "cached"),
+            )
+        c[0].inc(prompt)
+        c[1].inc(completion)
+        c[2].inc(cached)
+
+    def dispatched_to(self, replica: str) -> None:
+        c = self._replica.get(replica)
+        if c is None:
+            c = self._replica[replica] = self.decisions.labels(replica)
+        c.inc()
 
     def add_callback(self, produce: Callable[[], Iterable[Metric]]) -> None:
         self.registry.register(_CallbackCollector(produce))

@@ -28,7 +28,6 @@ from gateway.asgi_io import (
 from gateway.errors import GatewayError, bad_request
 from gateway.forwarder import Dispatch, Outcome
 from gateway.request_parse import Endpoint, ParsedRequest, parse_request, unknown_model
-from gateway.sse_filter import Usage
 from policies.types import ReplicaState, RequestInfo
 
 if TYPE_CHECKING:
@@ -102,7 +101,7 @@ class ProxyEndpoint:
             if watch is not None:
                 watch.close()
             gw.metrics.in_flight.dec()
-        await self._account(model_label, status, t0, outcome, admitted, progress)
+        await self._account(model_label, status, t0, admitted, progress)
 
     def _request_info(
         self, req: ParsedRequest, base: str, adapter: str | None, tenant: str, scope: Scope
@@ -154,7 +153,7 @@ class ProxyEndpoint:
         def on_attempt(r: ReplicaState) -> None:
             gw.fleet.dispatched(r.name, tokens)
             gw.router.dispatched(info, r.name)
-            gw.metrics.decisions.labels(r.name).inc()
+            gw.metrics.dispatched_to(r.name)
 
         def on_attempt_end(r: ReplicaState) -> None:
             gw.fleet.finished(r.name, tokens)
@@ -206,34 +205,38 @@ class ProxyEndpoint:
         model: str,
         status: int,
         t0: float,
-        outcome: Outcome | None,
         admitted: Admitted | None,
         progress: Outcome,
     ) -> None:
+        """Metrics and settlement for every request, however it ended. `progress` is what the
+        forwarder got done (the same object it returns), so a cancelled stream counts too."""
         gw = self.gw
         m = gw.metrics
-        m.requests.labels(model, str(status)).inc()
-        usage: Usage | None = None
-        if outcome is not None:
-            usage = outcome.usage
-            if outcome.first_byte_at is not None:
-                m.ttft.labels(model).observe(outcome.first_byte_at - t0)
-            times = outcome.chunk_times
+        m.request_done(model, status)
+        p = progress
+        if p.first_byte_at is not None:
+            mm = m.for_model(model)
+            mm.ttft.observe(p.first_byte_at - t0)
+            times = p.chunk_times
             if len(times) > 1:
-                itl = m.itl.labels(model)
+                observe = mm.itl.observe
                 prev = times[0]
                 for t in times[1:]:
-                    itl.observe(t - prev)
+                    observe(t - prev)
                     prev = t
-            if outcome.ended_at is not None:
-                m.e2e.labels(model).observe(outcome.ended_at - t0)
+            if p.ended_at is not None:
+                mm.e2e.observe(p.ended_at - t0)
         if admitted is not None:
-            await gw.tenancy.settle(admitted, progress.usage, progress)
+            await gw.tenancy.settle(admitted, p.usage, p)
+            usage = p.usage
             if usage is not None:
-                tenant = admitted.info.tenant
-                m.tokens.labels(model, tenant, "prompt").inc(usage.prompt_tokens)
-                m.tokens.labels(model, tenant, "completion").inc(usage.completion_tokens)
-                m.tokens.labels(model, tenant, "cached").inc(usage.cached_tokens)
+                m.tokens_used(
+                    model,
+                    admitted.info.tenant,
+                    usage.prompt_tokens,
+                    usage.completion_tokens,
+                    usage.cached_tokens,
+                )
 
 
 def route_header(decision: Any, replica: str) -> bytes:
