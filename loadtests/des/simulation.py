@@ -236,7 +236,13 @@ class Simulation:
         if deadline <= now:  # it waited for a connection longer than the whole timeout
             self._fail(o, 0, self._timeout_error())
             return
-        heapq.heappush(point.timeouts, (deadline, self.next_id, o.engine_id))
+        timeouts = point.timeouts
+        if len(timeouts) > 2 * len(point.open) + 1024:
+            # Ended requests' deadlines leave the heap only when the alarm passes them; with a long
+            # timeout that is most of a run. Dropping them here keeps the heap O(requests in flight).
+            timeouts[:] = [t for t in timeouts if t[2] in point.open]
+            heapq.heapify(timeouts)
+        heapq.heappush(timeouts, (deadline, self.next_id, o.engine_id))
         if point.alarm_at is None or deadline < point.alarm_at:
             point.alarm_at = deadline
             self.queue.push(deadline, ALARM, point)

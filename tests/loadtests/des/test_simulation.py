@@ -218,3 +218,14 @@ def test_a_drained_point_leaves_nothing_behind_for_the_next() -> None:
     assert after.incomplete == 0 and sum(r.requests for r in after.replicas) == 20
     # The first point's timeouts (0.2 s after its sends) fall inside the second point: none fires there.
     assert after.virtual_s > 0.3 and all(t.error is None for t in after.traces)
+
+
+def test_ended_requests_deadlines_do_not_pile_up() -> None:
+    work = RandomWorkload(requests=3_000, prompt_tokens=16, output_tokens=2, model=MODEL, seed=3)
+    sim = Simulation(DesConfig(replace(TINY, replicas=2)))
+    sim.begin(work.requests(), closed(8))  # a 300 s timeout: no deadline passes during the run
+    largest = 0
+    while sim.step():
+        largest = max(largest, len(sim._require().timeouts))
+    assert len(sim.finish().traces) == 3_000
+    assert largest <= 2 * 8 + 1024 + 1
