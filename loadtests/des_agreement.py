@@ -93,7 +93,10 @@ class Case:
         return {
             "server": {"host": "127.0.0.1", "log_level": "warning"},
             "models": [{"name": self.fleet().model_name, "tokenizer": "none"}],
-            "fleet": {"scrape_interval_s": self.scrape_interval_s, "stale_after_s": self.stale_after_s},
+            # Scrape timing as the gateway's defaults (the DES mirrors it); timeouts and ejection
+            # relaxed so that a CPU hiccup on this shared machine cannot eject a replica mid-run.
+            "fleet": {"scrape_interval_s": self.scrape_interval_s, "stale_after_s": self.stale_after_s,
+                      "scrape_timeout_s": 5.0, "health_timeout_s": 5.0, "eject_after_failures": 10},
             "upstream": {"first_byte_timeout_s": 60.0 * scale, "chunk_timeout_s": 30.0 * scale},
             "scheduling": {"profile": policy, "seed": self.seed},
             "flow_control": {"enabled": False},
@@ -268,6 +271,9 @@ async def live_side(case: Case, policy: str, specs: Sequence[RequestSpec], workd
         steps, lag, jumps = (b - a for a, b in zip(distortion0, distortion1, strict=True))
         traces = _to_simulated(result.traces, result.started, case.time_scale)
         measures = summarize(traces, warmup_end=0.0)
+        failed = [t.error or str(t.status) for t in traces if not t.ok]
+        if failed:
+            print(f"live {policy}: {len(failed)} requests failed, first: {failed[0]}", file=sys.stderr)
         return _side(measures, fleet_delta(before, after).prefix_hit_rate, wall_s=result.wall_s,
                      loadgen_cpu=result.loadgen.cpu_frac,
                      step_lag_mean_ms=1e3 * lag / steps if steps else 0.0, clock_jumps_s=jumps)  # fmt: skip
