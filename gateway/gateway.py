@@ -11,7 +11,6 @@ import random
 import time
 from collections.abc import Callable, Iterable
 
-import aiohttp
 import httpx
 from prometheus_client.core import Metric
 
@@ -22,6 +21,7 @@ from gateway.forwarder import Forwarder, Timeouts
 from gateway.metrics import GatewayMetrics, gauge_family
 from gateway.routing import Router
 from gateway.tenancy import Tenancy
+from gateway.upstream import UpstreamPool
 from policies.prefix_index import capacity_blocks
 
 
@@ -42,7 +42,7 @@ class Gateway:
         self.session_header = config.scheduling.session_header.lower().encode("latin-1")
         self.fleet.add_listener(self._on_fleet_change)
         self.metrics.add_callback(self._collect_fleet_gauges)
-        self._session: aiohttp.ClientSession | None = None
+        self._pool: UpstreamPool | None = None
         self._http: httpx.AsyncClient | None = None
         self._scraper: FleetScraper | None = None
         self._forwarder: Forwarder | None = None
@@ -54,17 +54,9 @@ class Gateway:
 
     async def start(self) -> None:
         up = self.config.upstream
-        connector = aiohttp.TCPConnector(
-            limit=0,  # per-replica limits only: one slow replica must not starve the rest
-            limit_per_host=up.connections_per_replica,
-            keepalive_timeout=30,
-            enable_cleanup_closed=True,
-        )
-        self._session = aiohttp.ClientSession(
-            connector=connector, auto_decompress=False, skip_auto_headers=("User-Agent",)
-        )
+        self._pool = UpstreamPool(up.connect_timeout_s)
         self._forwarder = Forwarder(
-            self._session,
+            self._pool,
             Timeouts(
                 connect_s=up.connect_timeout_s,
                 first_byte_s=up.first_byte_timeout_s,
@@ -90,8 +82,8 @@ class Gateway:
             await self._scraper.stop()
         if self._http is not None:
             await self._http.aclose()
-        if self._session is not None:
-            await self._session.close()
+        if self._pool is not None:
+            self._pool.close()
 
     def ready(self) -> bool:
         """At least one replica is healthy and has been scraped."""

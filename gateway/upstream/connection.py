@@ -1,0 +1,205 @@
+"""One keep-alive HTTP/1.1 connection to a replica, parsed by httptools in C.
+
+The forwarder's whole upstream path is: write one request (head and body in one `write`), learn the
+status and headers, then take body bytes as they arrive. A general-purpose client does much more per
+chunk (stream readers, per-chunk Python callbacks, timers); measured on this machine against the
+simulator, reading 32-chunk streams at concurrency 50 cost ~960 µs of CPU per request with aiohttp and
+~570 µs with this protocol. Body bytes are handed over already de-chunked; the consumer takes
+everything buffered at once (`read_some`), so a burst of chunks costs one wake-up.
+
+A connection serves one request at a time. It may be reused only when its response was read to the
+end and neither side asked to close. Nothing here is thread-safe: one event loop owns it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+from collections import deque
+from typing import cast
+
+import httptools
+
+HIGH_WATER = 1 << 20  # pause reading when this many unread body bytes are buffered
+LOW_WATER = 1 << 16
+
+
+class UpstreamError(Exception):
+    """The replica could not be reached, or the connection broke."""
+
+
+class ConnectError(UpstreamError):
+    """No connection (refused, unreachable, timed out while connecting)."""
+
+
+class BrokenError(UpstreamError):
+    """The connection ended before the whole response arrived. `got_response` says whether any
+    response byte had arrived (if not, the replica never started answering)."""
+
+    def __init__(self, message: str, got_response: bool) -> None:
+        super().__init__(message)
+        self.got_response = got_response
+
+
+class UpstreamConnection(asyncio.Protocol):
+    """The protocol object of one TCP connection; see the module docstring."""
+
+    __slots__ = (
+        "_body",
+        "_buffered",
+        "_headers",
+        "_paused",
+        "_waiter",
+        "closed",
+        "complete",
+        "got_response",
+        "headers",
+        "keep_alive",
+        "lost_exc",
+        "parser",
+        "status",
+        "transport",
+    )
+
+    def __init__(self) -> None:
+        self.transport: asyncio.Transport | None = None
+        self.parser = httptools.HttpResponseParser(self)
+        self.status = 0
+        self.headers: dict[str, str] = {}
+        self._headers: list[tuple[bytes, bytes]] = []
+        self._body: deque[bytes] = deque()
+        self._buffered = 0
+        self._paused = False
+        self._waiter: asyncio.Future[None] | None = None
+        self.got_response = False
+        self.complete = False
+        self.keep_alive = True
+        self.closed = False
+        self.lost_exc: BaseException | None = None
+
+    # -- asyncio.Protocol ---------------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # uvloop's transports are not asyncio.Transport subclasses; they quack the same.
+        self.transport = cast(asyncio.Transport, transport)
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def data_received(self, data: bytes) -> None:
+        self.got_response = True
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserError as err:
+            self.lost_exc = BrokenError(f"malformed response from the replica: {err}", True)
+            self.keep_alive = False
+            self._wake()
+            if self.transport is not None:
+                self.transport.abort()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        self.keep_alive = False
+        if not self.complete and self.lost_exc is None:
+            self.lost_exc = BrokenError(
+                "the replica closed the connection" + (f": {exc}" if exc else ""), self.got_response
+            )
+        self._wake()
+
+    def pause_writing(self) -> None:  # requests are small; the transport buffers them
+        pass
+
+    def resume_writing(self) -> None:
+        pass
+
+    # -- httptools callbacks ------------------------------------------------------------------------
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._headers.append((name, value))
+
+    def on_headers_complete(self) -> None:
+        self.status = self.parser.get_status_code()
+        self.headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in self._headers}
+        self._wake()
+
+    def on_body(self, body: bytes) -> None:
+        self._body.append(body)
+        self._buffered += len(body)
+        if self._buffered > HIGH_WATER and not self._paused and self.transport is not None:
+            self._paused = True
+            self.transport.pause_reading()
+        self._wake()
+
+    def on_message_complete(self) -> None:
+        self.complete = True
+        if not self.parser.should_keep_alive():
+            self.keep_alive = False
+        self._wake()
+
+    # -- the request ------------------------------------------------------------------------------
+
+    def start(self, request: bytes) -> None:
+        """Send one whole request (head + body). The connection must be idle."""
+        assert self.transport is not None
+        self.parser = httptools.HttpResponseParser(self)
+        self.status = 0
+        self.headers = {}
+        self._headers = []
+        self.got_response = False
+        self.complete = False
+        self.transport.write(request)
+
+    async def wait_headers(self) -> None:
+        while self.status == 0:
+            if self.lost_exc is not None:
+                raise self.lost_exc
+            await self._wait()
+
+    async def read_some(self) -> bytes:
+        """Every body byte buffered now, waiting for some if none; b"" once the response is complete.
+        Raises BrokenError if the connection ends first."""
+        while not self._body:
+            if self.complete:
+                return b""
+            if self.lost_exc is not None:
+                raise self.lost_exc
+            await self._wait()
+        body = self._body
+        data = body.popleft() if len(body) == 1 else b"".join(body)
+        body.clear()
+        self._buffered = 0
+        if self._paused and self.transport is not None:
+            self._paused = False
+            self.transport.resume_reading()
+        return data
+
+    async def read_all(self) -> bytes:
+        parts: list[bytes] = []
+        while True:
+            data = await self.read_some()
+            if not data:
+                return b"".join(parts)
+            parts.append(data)
+
+    def reusable(self) -> bool:
+        return self.complete and self.keep_alive and not self.closed and self.lost_exc is None
+
+    def abort(self) -> None:
+        """Drop the connection now (cancels the request on a vLLM replica)."""
+        self.keep_alive = False
+        if self.transport is not None and not self.closed:
+            self.transport.abort()
+
+    async def _wait(self) -> None:
+        fut = self._waiter = asyncio.get_running_loop().create_future()
+        try:
+            await fut
+        finally:
+            self._waiter = None
+
+    def _wake(self) -> None:
+        w = self._waiter
+        if w is not None and not w.done():
+            w.set_result(None)

@@ -1,0 +1,214 @@
+"""The upstream client against hand-written servers: keep-alive, stale connections, broken and
+malformed responses, flow control, cancellation. (The main paths run against the simulator in the
+integration tests.)"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import pytest
+
+from gateway.upstream import BrokenError, ConnectError, UpstreamPool
+from gateway.upstream.connection import HIGH_WATER
+
+Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+
+
+@contextlib.asynccontextmanager
+async def server(handler: Handler) -> AsyncIterator[tuple[str, list[int]]]:
+    """A loopback server; yields its URL and a list that counts accepted connections."""
+    accepted: list[int] = []
+
+    async def wrapped(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        accepted.append(1)
+        try:
+            await handler(r, w)
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            w.close()
+
+    srv = await asyncio.start_server(wrapped, "127.0.0.1", 0)
+    port = srv.sockets[0].getsockname()[1]
+    try:
+        yield f"http://127.0.0.1:{port}", accepted
+    finally:
+        srv.close()
+
+
+async def read_request(r: asyncio.StreamReader) -> bytes:
+    head = await r.readuntil(b"\r\n\r\n")
+    length = 0
+    for line in head.split(b"\r\n"):
+        if line.lower().startswith(b"content-length:"):
+            length = int(line.split(b":")[1])
+    return await r.readexactly(length)
+
+
+def reply(body: bytes, extra: bytes = b"") -> bytes:
+    return (
+        b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n%s\r\n"
+        % (
+            len(body),
+            extra,
+        )
+        + body
+    )
+
+
+async def test_keep_alive_reuses_one_connection_and_echoes_bodies() -> None:
+    async def handler(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        while True:
+            body = await read_request(r)
+            w.write(reply(body))
+            await w.drain()
+
+    async with server(handler) as (url, accepted):
+        pool = UpstreamPool(connect_timeout_s=1)
+        for i in range(3):
+            resp = await pool.post(url, "/v1/completions", b'{"n": %d}' % i)
+            assert resp.status == 200 and resp.headers["content-type"] == "application/json"
+            assert await resp.read() == b'{"n": %d}' % i
+            resp.release()
+        assert len(accepted) == 1
+        pool.close()
+
+
+async def test_chunked_stream_arrives_de_chunked_and_in_order() -> None:
+    async def handler(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        await read_request(r)
+        w.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n")
+        for i in range(5):
+            data = b"data: %d\n\n" % i
+            w.write(b"%x\r\n%s\r\n" % (len(data), data))
+            await w.drain()
+            await asyncio.sleep(0.005)
+        w.write(b"0\r\n\r\n")
+        await w.drain()
+        await r.read()  # keep the connection until the client goes
+
+    async with server(handler) as (url, _):
+        pool = UpstreamPool(connect_timeout_s=1)
+        resp = await pool.post(url, "/s", b"{}")
+        got = b""
+        while data := await resp.read_some():
+            got += data
+        assert got == b"".join(b"data: %d\n\n" % i for i in range(5))
+        resp.release()
+        pool.close()
+
+
+async def test_a_stale_keep_alive_connection_is_retried_on_a_fresh_one() -> None:
+    async def handler(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        await read_request(r)
+        w.write(reply(b"ok"))
+        await w.drain()
+        # then close the connection, as a server's keep-alive timeout does
+
+    async with server(handler) as (url, accepted):
+        pool = UpstreamPool(connect_timeout_s=1)
+        first = await pool.post(url, "/a", b"{}")
+        assert await first.read() == b"ok"
+        first.release()
+        await asyncio.sleep(0)  # the FIN may or may not have been seen yet: both must work
+        second = await pool.post(url, "/a", b"{}")
+        assert second.status == 200 and await second.read() == b"ok"
+        second.release()
+        assert len(accepted) == 2
+        pool.close()
+
+
+async def test_refused_connection_is_a_connect_error() -> None:
+    async with server(lambda r, w: asyncio.sleep(0)) as (url, _):
+        pass  # closed: the port now refuses
+    pool = UpstreamPool(connect_timeout_s=1)
+    with pytest.raises(ConnectError):
+        await pool.post(url, "/x", b"{}")
+
+
+async def test_connection_dropped_mid_body_is_broken_after_a_response() -> None:
+    async def handler(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        await read_request(r)
+        w.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n5\r\nhello\r\n")
+        await w.drain()
+        w.transport.abort()
+
+    async with server(handler) as (url, _):
+        pool = UpstreamPool(connect_timeout_s=1)
+        resp = await pool.post(url, "/x", b"{}")
+        with pytest.raises(BrokenError) as ei:
+            while await resp.read_some():
+                pass
+        assert ei.value.got_response
+        resp.close()
+        pool.close()
+
+
+async def test_no_answer_at_all_is_broken_without_a_response() -> None:
+    async def handler(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        await read_request(r)
+        w.transport.abort()
+
+    async with server(handler) as (url, _):
+        pool = UpstreamPool(connect_timeout_s=1)
+        with pytest.raises(BrokenError) as ei:
+            await pool.post(url, "/x", b"{}")
+        assert not ei.value.got_response
+
+
+async def test_malformed_response_is_broken() -> None:
+    async def handler(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        await read_request(r)
+        w.write(b"SPDY/9 banana\r\n\r\n")
+        await w.drain()
+        await r.read()
+
+    async with server(handler) as (url, _):
+        pool = UpstreamPool(connect_timeout_s=1)
+        with pytest.raises(BrokenError, match="malformed"):
+            await pool.post(url, "/x", b"{}")
+
+
+async def test_a_large_body_pauses_and_resumes_reading() -> None:
+    size = 3 * HIGH_WATER
+
+    async def handler(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        await read_request(r)
+        w.write(reply(b"x" * size))
+        await w.drain()
+        await r.read()
+
+    async with server(handler) as (url, _):
+        pool = UpstreamPool(connect_timeout_s=1)
+        resp = await pool.post(url, "/big", b"{}")
+        await asyncio.sleep(0.1)  # let the server push: the client must stop reading at HIGH_WATER
+        conn = resp._conn
+        assert conn._paused and conn._buffered <= HIGH_WATER + 256 * 1024
+        assert len(await resp.read()) == size
+        resp.release()
+        pool.close()
+
+
+async def test_cancelling_a_read_closes_the_connection_on_the_server() -> None:
+    server_saw_eof = asyncio.Event()
+
+    async def handler(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        await read_request(r)
+        w.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n")
+        await w.drain()
+        await r.read()  # returns at EOF: the client dropped the connection
+        server_saw_eof.set()
+
+    async with server(handler) as (url, _):
+        pool = UpstreamPool(connect_timeout_s=1)
+        resp = await pool.post(url, "/slow", b"{}")
+        task = asyncio.create_task(resp.read_some())
+        await asyncio.sleep(0.05)
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        resp.close()
+        await asyncio.wait_for(server_saw_eof.wait(), 2)
+        pool.close()
