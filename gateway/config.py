@@ -90,7 +90,7 @@ class UpstreamConfig(_Strict):
     chunk_timeout_s: float = Field(30.0, gt=0)  # between two chunks of a stream
     response_timeout_s: float = Field(600.0, gt=0)  # non-streaming: until the whole answer
     max_retries: int = Field(2, ge=0, le=10)  # extra replicas tried before the first byte
-    connections_per_replica: int = Field(1024, ge=1)
+    idle_connections_per_replica: int = Field(256, ge=1)  # keep-alive connections kept for reuse
 
 
 class PluginSpec(_Strict):

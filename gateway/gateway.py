@@ -54,7 +54,7 @@ class Gateway:
 
     async def start(self) -> None:
         up = self.config.upstream
-        self._pool = UpstreamPool(up.connect_timeout_s)
+        self._pool = UpstreamPool(up.connect_timeout_s, max_idle_per_origin=up.idle_connections_per_replica)
         self._forwarder = Forwarder(
             self._pool,
             Timeouts(
