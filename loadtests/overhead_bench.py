@@ -2,11 +2,12 @@
 
     python -m loadtests.overhead_bench [--concurrency 1,50,200] [--requests 2000] [--chunks 32]
 
-Flow control is off (see `run`). Three processes on this 2-core machine: kvgate pinned alone to core 0, the simulated replica and this
-load generator sharing core 1 (`taskset`/`sched_setaffinity` when available). The replica runs the
-`tiny` profile with its model time scaled near zero, so what is measured is HTTP, routing and relay
-work. Each concurrency runs the same closed-loop load twice straight to the replica and twice through
-kvgate, interleaved (direct, gateway, direct, gateway) so slow drift of the shared machine hits both.
+Three processes on this 2-core machine: kvgate pinned alone to core 0 (flow control off, see
+`run`), the simulated replica and this load generator sharing core 1 (`taskset` and
+`sched_setaffinity` when available). The replica runs the `tiny` profile with its model time scaled
+near zero, so what is measured is HTTP, routing and relay work. Each concurrency runs the same
+closed-loop load straight to the replica and through kvgate, interleaved (direct, gateway, direct,
+gateway with --repeats 2) so slow drift of the shared machine hits both.
 
 Reported per concurrency: TTFT p50/p99 direct and through kvgate and their difference (the added
 latency), end-to-end p50, requests/s, and kvgate's CPU per request and per relayed chunk (from
