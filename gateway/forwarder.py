@@ -53,7 +53,8 @@ class Outcome:
     events: int = 0  # SSE events relayed
     first_byte_at: float | None = None  # perf_counter when the first byte went to the client
     ended_at: float | None = None
-    error_kind: str | None = None  # connect, timeout, status_5xx, stream_broken, ...
+    error_kind: str | None = None  # connect, connect_timeout, timeout, status_5xx, stream_broken, ...
+    error_detail: str = ""  # what the last failed attempt said, for the client's error message
     attempts: int = 0
     chunk_times: list[float] = field(default_factory=list)
 
@@ -103,6 +104,7 @@ class Forwarder:
             out.attempts = i + 1
             out.replica = replica.name
             out.error_kind = None
+            out.error_detail = ""
             d.on_attempt(replica)
             try:
                 done = await self._try_one(d, replica, send, out, last)
@@ -115,7 +117,7 @@ class Forwarder:
             self._report_failure(replica.name, out.error_kind)
             if not last:
                 self._metrics.retries.labels(out.error_kind).inc()
-            last_error = _final_error(out.error_kind)
+            last_error = _final_error(out.error_kind, out.error_detail)
         assert last_error is not None
         raise last_error
 
@@ -143,13 +145,17 @@ class Forwarder:
                 resp.close()
             out.error_kind = "timeout"
             return False
-        except ConnectError:
-            out.error_kind = "connect"
+        except ConnectError as err:
+            # Refused: the replica is gone (ejected at once). Timed out: maybe only a busy moment,
+            # so it counts towards ejection like any other failure.
+            out.error_kind = "connect_timeout" if err.timed_out else "connect"
+            out.error_detail = str(err)
             return False
         except BrokenError as err:
             if resp is not None:
                 resp.close()
             out.error_kind = "broken" if err.got_response else "connect"
+            out.error_detail = str(err)
             return False
         except BaseException:
             if resp is not None:
@@ -250,9 +256,12 @@ class Forwarder:
         out.ended_at = time.perf_counter()
 
 
-def _final_error(kind: str) -> GatewayError:
+def _final_error(kind: str, detail: str) -> GatewayError:
     if kind == "timeout":
         return GatewayError(504, "no replica answered in time")
     if kind == "status_5xx":
         return GatewayError(503, "every replica tried was unavailable")
-    return GatewayError(502, f"could not reach a replica ({kind})")
+    return GatewayError(
+        502,
+        f"could not reach a replica ({kind}: {detail})" if detail else f"could not reach a replica ({kind})",
+    )

@@ -30,7 +30,12 @@ class UpstreamError(Exception):
 
 
 class ConnectError(UpstreamError):
-    """No connection (refused, unreachable, timed out while connecting)."""
+    """No connection. `timed_out` tells a connect that timed out (perhaps only a busy gateway or
+    network) from one that was refused or unreachable (the replica is not there)."""
+
+    def __init__(self, message: str, timed_out: bool = False) -> None:
+        super().__init__(message)
+        self.timed_out = timed_out
 
 
 class BrokenError(UpstreamError):

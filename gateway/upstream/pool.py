@@ -127,7 +127,7 @@ class UpstreamPool:
                 _, conn = await loop.create_connection(UpstreamConnection, o.host, o.port)
         except TimeoutError:
             o.open -= 1
-            raise ConnectError(f"{o.host}:{o.port}: connect timed out") from None
+            raise ConnectError(f"{o.host}:{o.port}: connect timed out", timed_out=True) from None
         except OSError as err:
             o.open -= 1
             raise ConnectError(f"{o.host}:{o.port}: {err.strerror or err}") from None
