@@ -85,9 +85,11 @@ class BenchOutcome:
 
 def to_model_time(result: RunResult, time_scale: float, *, warmup_s: float, duration_s: float) -> RunResult:
     """`result` with every trace time mapped to simulated seconds: t -> start + (t - start) / scale,
-    and the load config's warm-up and duration given in simulated seconds."""
+    and the load config's warm-up, duration and open-loop rate given in simulated terms."""
     if time_scale == 1.0:
-        return result
+        return dataclasses.replace(
+            result, config=dataclasses.replace(result.config, warmup_s=warmup_s, duration_s=duration_s)
+        )
     t0, k = result.started, 1.0 / time_scale
 
     def scaled(t: RequestTrace) -> RequestTrace:
@@ -103,7 +105,12 @@ def to_model_time(result: RunResult, time_scale: float, *, warmup_s: float, dura
         result,
         traces=[scaled(t) for t in result.traces],
         warmup_end=t0 + (result.warmup_end - t0) * k,
-        config=dataclasses.replace(result.config, warmup_s=warmup_s, duration_s=duration_s),
+        config=dataclasses.replace(
+            result.config,
+            warmup_s=warmup_s,
+            duration_s=duration_s,
+            rate=None if result.config.rate is None else result.config.rate * time_scale,
+        ),
     )
 
 

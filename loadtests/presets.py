@@ -439,14 +439,21 @@ def get_preset(name: str) -> BenchPreset:
 
 
 def workload_plans(preset: BenchPreset, names: Sequence[str] | None) -> tuple[WorkloadPlan, ...]:
-    """The preset's plans, or the named ones (the preset's plan for a name it defines, else the
-    default plan)."""
+    """The preset's plans, or the named ones: a name is one of the preset's plan names (labels
+    included), else a workload type, run with the preset's plan of that type or the default plan."""
     if not names:
         return preset.workloads
-    own = {p.workload: p for p in preset.workloads}
+    by_name = {p.name: p for p in preset.workloads}
+    by_type: dict[str, WorkloadPlan] = {}
+    for p in preset.workloads:
+        by_type.setdefault(p.workload, p)
     out = []
     for name in names:
-        if name not in WORKLOAD_TYPES:
-            raise ValueError(f"unknown workload {name!r}; known: {', '.join(WORKLOAD_TYPES)}")
-        out.append(own.get(name) or DEFAULT_WORKLOAD_PLANS[name])
+        if name in by_name:
+            out.append(by_name[name])
+        elif name in WORKLOAD_TYPES:
+            out.append(by_type.get(name) or DEFAULT_WORKLOAD_PLANS[name])
+        else:
+            known = sorted({*by_name, *WORKLOAD_TYPES})
+            raise ValueError(f"unknown workload {name!r}; known: {', '.join(known)}")
     return tuple(out)

@@ -212,6 +212,17 @@ def test_model_time_divides_every_interval_by_the_time_scale() -> None:
     assert scaled.loadgen == result.loadgen  # CPU per wall second stays wall
 
 
+def test_model_time_gives_the_open_loop_rate_in_simulated_requests_per_second() -> None:
+    config = LoadConfig(rate=2.5, duration_s=40.0)
+    result = RunResult(config, [], started=0.0, warmup_end=0.0, wall_s=40.0, sent=0, incomplete=0,
+                       loadgen=LoadgenUsage(0.0, 40.0, 0), max_schedule_lag_s=0.0)  # fmt: skip
+    scaled = to_model_time(result, 4.0, warmup_s=0.0, duration_s=10.0)
+    assert scaled.config.rate == 10.0
+    assert scaled.to_record(policy="p", workload="w").rate == 10.0
+    same = to_model_time(result, 1.0, warmup_s=1.0, duration_s=40.0)
+    assert (same.config.rate, same.config.warmup_s) == (2.5, 1.0)
+
+
 # --- end to end -----------------------------------------------------------------------------------
 
 

@@ -200,6 +200,13 @@ def test_workload_names_pick_the_presets_plan_else_the_default_plan() -> None:
     assert workload_plans(quick, None) == quick.workloads
 
 
+def test_workload_names_may_be_labels() -> None:
+    weights = get_preset("weights")
+    plans = workload_plans(weights, ["shared-prefix-hot", "shared-prefix"])
+    assert [p.name for p in plans] == ["shared-prefix-hot", "shared-prefix"]
+    assert plans[0].params["groups"] == 2 and "groups" not in plans[1].params
+
+
 def test_a_plan_may_restrict_its_policies() -> None:
     plan = WorkloadPlan("random", {"prompt_tokens": 8, "output_tokens": 2}, policies=("default",))
     preset = dataclasses.replace(get_preset("tiny"), workloads=(plan,), policies=("round-robin", "default"))
