@@ -11,11 +11,10 @@ import random
 import time
 from collections.abc import Callable, Iterable
 
-import httpx
 from prometheus_client.core import Metric
 
 from gateway.config import Config
-from gateway.fleet.scraper import FleetScraper
+from gateway.fleet.scraper import FleetScraper, build_client
 from gateway.fleet.state import FleetChange, FleetState
 from gateway.forwarder import Forwarder, Timeouts
 from gateway.metrics import GatewayMetrics, gauge_family
@@ -43,7 +42,7 @@ class Gateway:
         self.fleet.add_listener(self._on_fleet_change)
         self.metrics.add_callback(self._collect_fleet_gauges)
         self._pool: UpstreamPool | None = None
-        self._http: httpx.AsyncClient | None = None
+        self._scrape_pool: UpstreamPool | None = None
         self._scraper: FleetScraper | None = None
         self._forwarder: Forwarder | None = None
 
@@ -67,12 +66,8 @@ class Gateway:
             self.metrics,
             self.fleet.report_failure,
         )
-        n = max(1, len(self.config.replicas))
-        self._http = httpx.AsyncClient(
-            limits=httpx.Limits(max_connections=4 * n, max_keepalive_connections=2 * n),
-            trust_env=False,
-        )
-        self._scraper = FleetScraper(self.fleet, self.config.fleet, self._http, rng=self.rng)
+        self._scrape_pool = build_client(self.config.fleet)
+        self._scraper = FleetScraper(self.fleet, self.config.fleet, self._scrape_pool, rng=self.rng)
         await self._scraper.start()
         await self.tenancy.start()
 
@@ -80,8 +75,8 @@ class Gateway:
         await self.tenancy.stop()
         if self._scraper is not None:
             await self._scraper.stop()
-        if self._http is not None:
-            await self._http.aclose()
+        if self._scrape_pool is not None:
+            self._scrape_pool.close()
         if self._pool is not None:
             self._pool.close()
 

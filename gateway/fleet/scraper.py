@@ -6,9 +6,10 @@ evenly spread random phases and each next fetch is due `interval * U(0.9, 1.1)` 
 fetch runs in its own short task bounded by its timeout; a replica whose previous fetch of the same
 kind is still pending is skipped for that turn, so one hung replica never delays the others.
 
-Cost: at a 50 ms cadence one scrape (httpx GET + parse + state update) took ~4-5 ms of CPU here
-(2-core machine under load 5-6), most of it httpx's per-request overhead; aiohttp + parse by hand
-took ~1.7 ms. Sixty-four replicas at 200 ms would be ~1.3 cores with httpx: mind the interval.
+The HTTP client is kvgate's own upstream pool (`gateway.upstream.UpstreamPool`, httptools in C).
+httpx was used first: at a 50 ms cadence one scrape (GET + parse + state update) took ~4-5 ms of CPU
+here (2-core machine under load 5-6), most of it httpx's per-request overhead (h11 parses in pure
+Python), so sixty-four replicas at 200 ms would have cost ~1.3 cores of the gateway's one.
 
 Outcomes go to the state: a good scrape -> `record_scrape`; a failed scrape or health check ->
 `report_failure` with the kind ("connect" ejects at once, see `FleetState.report_failure`); `/health`
@@ -27,12 +28,11 @@ from dataclasses import dataclass, replace
 from typing import Any, Protocol
 from urllib.parse import urlencode
 
-import httpx
-
 from gateway.config import FleetConfig
 from gateway.fleet.metrics_parse import SAMPLE_NAMES, MetricsParseError, MetricsParser
 from gateway.fleet.models_parse import parse_models
 from gateway.fleet.state import FleetState
+from gateway.upstream import BrokenError, ConnectError, UpstreamPool
 
 log = logging.getLogger(__name__)
 
@@ -41,8 +41,6 @@ _JITTER = 0.1  # each period is interval * U(1 - _JITTER, 1 + _JITTER)
 # `name[]` and renders only these families, a few KB instead of ~55 KB; a server that ignores the
 # query sends the whole page and the parser's prefilter does the same job.
 _METRICS_PATH = "/metrics?" + urlencode([("name[]", n) for n in SAMPLE_NAMES])
-# Compressing a page on the replica and inflating it here costs both ends CPU for no gain on a LAN.
-_HEADERS = {"accept-encoding": "identity"}
 
 
 @dataclass(slots=True)
@@ -61,25 +59,17 @@ class ScrapeObserver(Protocol):
     def scrape_finished(self, replica: str, duration_s: float, error: str | None) -> None: ...
 
 
-def build_client(fleet: FleetConfig, replicas: int) -> httpx.AsyncClient:
-    """An httpx client sized for scraping `replicas` replicas: up to three requests each at once
-    (metrics, health, models), all kept alive; proxies from the environment are ignored."""
-    connections = 3 * max(replicas, 1)
-    return httpx.AsyncClient(
-        limits=httpx.Limits(
-            max_connections=connections, max_keepalive_connections=connections, keepalive_expiry=30.0
-        ),
-        timeout=httpx.Timeout(max(fleet.scrape_timeout_s, fleet.health_timeout_s)),
-        trust_env=False,
-    )
+def build_client(fleet: FleetConfig) -> UpstreamPool:
+    """The connection pool the scraper uses: its own, so scrapes never queue behind proxied streams."""
+    return UpstreamPool(connect_timeout_s=min(fleet.scrape_timeout_s, fleet.health_timeout_s))
 
 
 def _failure_kind(err: BaseException) -> str:
-    if isinstance(err, httpx.ConnectError):
-        return "connect"
-    if isinstance(err, httpx.TimeoutException | TimeoutError):
+    if isinstance(err, ConnectError):
+        return "timeout" if err.timed_out else "connect"
+    if isinstance(err, TimeoutError):
         return "timeout"
-    if isinstance(err, httpx.TransportError):
+    if isinstance(err, BrokenError):
         return "broken"
     return "error"
 
@@ -103,7 +93,7 @@ class FleetScraper:
         self,
         state: FleetState,
         fleet: FleetConfig,
-        client: httpx.AsyncClient,
+        client: UpstreamPool,
         *,
         rng: random.Random | None = None,
         observer: ScrapeObserver | None = None,
@@ -115,9 +105,7 @@ class FleetScraper:
         self._observer = observer
         self._targets = tuple((r.display_name, r.url) for r in state.replicas)
         self._index = {name: i for i, (name, _) in enumerate(self._targets)}
-        self._metrics_urls = tuple(url + _METRICS_PATH for _, url in self._targets)
-        self._health_urls = tuple(url + "/health" for _, url in self._targets)
-        self._models_urls = tuple(url + "/v1/models" for _, url in self._targets)
+        self._urls = tuple(url for _, url in self._targets)
         self._parsers = [MetricsParser() for _ in self._targets]
         self._stats = [ScrapeStats() for _ in self._targets]
         self._loops = (
@@ -132,8 +120,7 @@ class FleetScraper:
         if self._tasks:
             raise RuntimeError("FleetScraper already started")
         n = len(self._targets)
-        await asyncio.gather(*(self._poll_models(i) for i in range(n)),
-                             *(self._scrape(i) for i in range(n)))
+        await asyncio.gather(*(self._poll_models(i) for i in range(n)), *(self._scrape(i) for i in range(n)))
         self._tasks = [
             asyncio.create_task(self._run(loop), name=f"kvgate-fleet-{loop.kind}") for loop in self._loops
         ]
@@ -182,15 +169,18 @@ class FleetScraper:
 
         task.add_done_callback(_done)
 
-    async def _get(self, url: str, timeout_s: float) -> httpx.Response:
+    async def _get(self, i: int, path: str, timeout_s: float) -> tuple[int, bytes]:
+        """(status, body) of `GET path` on replica i, within `timeout_s`. A kept-alive connection the
+        replica had just closed is retried by the pool; a dead replica then refuses, and is ejected."""
         async with asyncio.timeout(timeout_s):
+            resp = await self._client.get(self._urls[i], path)
             try:
-                return await self._client.get(url, headers=_HEADERS, timeout=timeout_s)
-            except (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError):
-                # A kept-alive connection broke under the request: either the replica died (a fresh
-                # connection is then refused, which ejects it at once) or it closed an idle
-                # connection just as we reused it (the retry then succeeds). One retry tells which.
-                return await self._client.get(url, headers=_HEADERS, timeout=timeout_s)
+                body = await resp.read()
+            except BaseException:
+                resp.close()
+                raise
+            resp.release()  # read to the end: the connection is kept for the next fetch
+            return resp.status, body
 
     # -- the three fetches (never raise but CancelledError) -------------------------------------
 
@@ -199,11 +189,11 @@ class FleetScraper:
         started = time.perf_counter()
         error: str | None = None
         try:
-            resp = await self._get(self._metrics_urls[i], self._fleet.scrape_timeout_s)
-            if resp.status_code != 200:
-                error = f"status_{resp.status_code // 100}xx"
+            status, body = await self._get(i, _METRICS_PATH, self._fleet.scrape_timeout_s)
+            if status != 200:
+                error = f"status_{status // 100}xx"
             else:
-                metrics = self._parsers[i].parse(resp.content.decode("utf-8", "replace"))
+                metrics = self._parsers[i].parse(body.decode("utf-8", "replace"))
         except MetricsParseError as err:
             error = "parse"
             log.debug("replica %s: bad /metrics page: %s", name, err)
@@ -229,19 +219,20 @@ class FleetScraper:
     async def _check_health(self, i: int) -> None:
         name = self._targets[i][0]
         try:
-            resp = await self._get(self._health_urls[i], self._fleet.health_timeout_s)
+            status, _ = await self._get(i, "/health", self._fleet.health_timeout_s)
         except Exception as err:
             log.debug("replica %s: health check failed: %r", name, err)
             self._state.report_failure(name, _failure_kind(err))
             return
-        self._state.record_health(name, resp.status_code == 200)
+        self._state.record_health(name, status == 200)
 
     async def _poll_models(self, i: int) -> None:
         name = self._targets[i][0]
         try:
-            resp = await self._get(self._models_urls[i], self._fleet.scrape_timeout_s)
-            resp.raise_for_status()
-            served = parse_models(resp.content)
+            status, body = await self._get(i, "/v1/models", self._fleet.scrape_timeout_s)
+            if status != 200:
+                raise ValueError(f"status {status}")
+            served = parse_models(body)
         except Exception as err:  # ModelsParseError, HTTP status, transport
             log.debug("replica %s: /v1/models poll failed: %r", name, err)
             return

@@ -94,6 +94,19 @@ class UpstreamPool:
             b"POST %s HTTP/1.1\r\nhost: %s\r\ncontent-type: application/json\r\naccept: */*\r\n"
             b"content-length: %d\r\n\r\n" % (path.encode("latin-1"), origin.host_header, len(body))
         ) + body
+        return await self._send(origin, request)
+
+    async def get(self, base_url: str, path: str) -> UpstreamResponse:
+        """Send `GET path` (no body; identity encoding: compressing a page on the replica and inflating
+        it here would cost both ends CPU for no gain on a LAN); otherwise as `post`."""
+        origin = self._origin(base_url)
+        request = b"GET %s HTTP/1.1\r\nhost: %s\r\naccept: */*\r\naccept-encoding: identity\r\n\r\n" % (
+            path.encode("latin-1"),
+            origin.host_header,
+        )
+        return await self._send(origin, request)
+
+    async def _send(self, origin: _Origin, request: bytes) -> UpstreamResponse:
         for attempt in (0, 1):
             conn, reused = await self._acquire(origin)
             resp = UpstreamResponse(self, origin, conn)
@@ -142,6 +155,9 @@ class UpstreamPool:
         else:
             conn.abort()
             o.open -= 1
+
+    async def aclose(self) -> None:
+        self.close()
 
     def close(self) -> None:
         for o in self._origins.values():

@@ -20,6 +20,7 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
+from starlette.types import ASGIApp
 
 FIXTURES = Path(__file__).resolve().parents[4] / "shared" / "fixtures" / "vllm-0.32-cpu"
 LORA_PAGE = (FIXTURES / "metrics_lora_under_load.txt").read_text()
@@ -33,7 +34,9 @@ class _QuietServer(uvicorn.Server):
 
 
 class FakeReplica:
-    def __init__(self, metrics_text: str = LORA_PAGE, models_body: bytes = MODELS_BODY) -> None:
+    def __init__(
+        self, metrics_text: str = LORA_PAGE, models_body: bytes = MODELS_BODY, app: ASGIApp | None = None
+    ) -> None:
         self.metrics_text = metrics_text
         self.metrics_status = 200
         self.metrics_delay_s = 0.0  # > 0: /metrics answers that late (a hung replica)
@@ -43,7 +46,7 @@ class FakeReplica:
         self.port = 0
         self._server: _QuietServer | None = None
         self._task: asyncio.Task[None] | None = None
-        self._app = Starlette(routes=[
+        self._app: ASGIApp = app or Starlette(routes=[
             Route("/metrics", self._metrics),
             Route("/health", self._health),
             Route("/v1/models", self._models),

@@ -1,4 +1,5 @@
-"""gateway/fleet/scraper.py over real loopback HTTP (a fake replica server), respx for edge cases."""
+"""gateway/fleet/scraper.py over real loopback HTTP: a fake replica server (for pages and failures
+the simulator does not produce) and the replica simulator itself."""
 
 from __future__ import annotations
 
@@ -8,13 +9,13 @@ from collections.abc import AsyncIterator, Callable
 
 import httpx
 import pytest
-import respx
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, make_asgi_app
 from starlette.types import Message, Receive, Scope, Send
 
 from gateway.config import FleetConfig, ReplicaConfig
 from gateway.fleet.scraper import FleetScraper, build_client
 from gateway.fleet.state import FleetChange, FleetState
+from gateway.upstream import UpstreamPool
 from simulator.fleet import SimFleet
 from tests.gateway.fleet.fake_replica import FakeReplica
 
@@ -63,12 +64,12 @@ async def two_replicas() -> AsyncIterator[tuple[FakeReplica, FakeReplica]]:
 
 async def scraping(
     replicas: tuple[FakeReplica, ...], fleet: FleetConfig = FAST
-) -> tuple[FleetState, FleetScraper, Observer, httpx.AsyncClient]:
+) -> tuple[FleetState, FleetScraper, Observer, UpstreamPool]:
     state = FleetState([ReplicaConfig(url=r.url, model="tiny-llama", name=f"r{i}")
                         for i, r in enumerate(replicas)], fleet)
     observer = Observer()
     state.add_listener(observer)
-    client = build_client(fleet, len(replicas))
+    client = build_client(fleet)
     scraper = FleetScraper(state, fleet, client, rng=random.Random(7), observer=observer)
     await scraper.start()
     return state, scraper, observer, client
@@ -195,65 +196,75 @@ async def test_hung_replica_does_not_hold_back_the_others(
     assert fleet_tasks() == []
 
 
-# -- edge cases through respx -------------------------------------------------------------------
+# -- edge cases, against the fake replica -------------------------------------------------------
 
-EDGE = {
-    "timeout": (httpx.ReadTimeout("slow"), "timeout", True),
-    "connect timeout": (httpx.ConnectTimeout("slow"), "timeout", True),
-    "refused": (httpx.ConnectError("refused"), "connect", False),
-    "reset": (httpx.ReadError("reset"), "broken", True),
-    "500": (httpx.Response(500, text="oops"), "status_5xx", True),
-    "404": (httpx.Response(404), "status_4xx", True),
-    "malformed page": (httpx.Response(200, text="<html>hi</html>"), "parse", True),
-    "nan gauge": (httpx.Response(200, text="vllm:num_requests_running 1\nvllm:num_requests_waiting NaN\n"
-                                            "vllm:kv_cache_usage_perc 0.1\n"), "parse", True),
+
+async def one_round(replica: FakeReplica, fleet: FleetConfig = FAST) -> tuple[FleetState, FleetScraper]:
+    state = FleetState([ReplicaConfig(url=replica.url, model="tiny-llama", name="r0")], fleet)
+    client = build_client(fleet)
+    scraper = FleetScraper(state, fleet, client, rng=random.Random(1))
+    await scraper.start()  # one models poll and one scrape, awaited
+    await scraper.stop()
+    await client.aclose()
+    return state, scraper
+
+
+NAN_PAGE = "vllm:num_requests_running 1\nvllm:num_requests_waiting NaN\nvllm:kv_cache_usage_perc 0.1\n"
+EDGE = {  # (metrics status, page, delay s, failure kind)
+    "timeout": (200, None, 5.0, "timeout"),
+    "500": (500, "oops", 0.0, "status_5xx"),
+    "404": (404, "", 0.0, "status_4xx"),
+    "malformed page": (200, "<html>hi</html>", 0.0, "parse"),
+    "nan gauge": (200, NAN_PAGE, 0.0, "parse"),
 }
 
 
-@pytest.mark.parametrize(("answer", "kind", "still_healthy"), EDGE.values(), ids=EDGE.keys())
-async def test_failed_scrape_kinds(
-    answer: httpx.Response | Exception, kind: str, still_healthy: bool
-) -> None:
-    state = FleetState([ReplicaConfig(url="http://replica.test:8000", model="m")], FAST)
-    async with httpx.AsyncClient() as client:
-        scraper = FleetScraper(state, FAST, client, rng=random.Random(1))
-        with respx.mock(assert_all_called=False) as mock:
-            route = mock.get("http://replica.test:8000/metrics")
-            if isinstance(answer, httpx.Response):
-                route.return_value = answer
-            else:
-                route.side_effect = answer
-            mock.get("http://replica.test:8000/v1/models").respond(500)
-            await scraper.start()  # one scrape round, awaited
-            await scraper.stop()
-    stats = scraper.stats("replica.test:8000")
+@pytest.mark.parametrize(("status", "page", "delay", "kind"), EDGE.values(), ids=EDGE.keys())
+async def test_failed_scrape_kinds(status: int, page: str | None, delay: float, kind: str) -> None:
+    async with FakeReplica() as replica:
+        replica.metrics_status = status
+        replica.metrics_delay_s = delay
+        if page is not None:
+            replica.metrics_text = page
+        state, scraper = await one_round(replica)
+    stats = scraper.stats("r0")
     assert (stats.scrapes, stats.failures, stats.last_error) == (1, 1, kind)
-    replica = state.snapshot().replicas[0]
-    assert replica.healthy is still_healthy  # one soft failure is below eject_after_failures=2
-    assert replica.scraped_at is None
+    r = state.snapshot().replicas[0]
+    assert r.healthy  # one soft failure is below eject_after_failures=2
+    assert r.scraped_at is None
+
+
+async def test_refused_scrape_ejects_at_once() -> None:
+    replica = FakeReplica()
+    await replica.start()
+    await replica.stop()  # the port now refuses
+    state, scraper = await one_round(replica)
+    assert scraper.stats("r0").last_error == "connect"
+    assert not state.snapshot().replicas[0].healthy
 
 
 async def test_failed_models_poll_keeps_the_previous_list() -> None:
-    state = FleetState([ReplicaConfig(url="http://replica.test:8000", model="tiny-llama")], FAST)
-    async with httpx.AsyncClient() as client:
-        with respx.mock() as mock:
-            mock.get("http://replica.test:8000/metrics").respond(200, text="garbage")
-            models = mock.get("http://replica.test:8000/v1/models")
-            models.respond(200, content=b'{"data":[{"id":"tiny-llama"},{"id":"x","parent":"tiny-llama"}]}')
+    async with FakeReplica() as replica:
+        replica.models_body = b'{"data":[{"id":"tiny-llama"},{"id":"x","parent":"tiny-llama"}]}'
+        state = FleetState([ReplicaConfig(url=replica.url, model="tiny-llama", name="r0")], FAST)
+        client = build_client(FAST)
+        try:
             first = FleetScraper(state, FAST, client)
             await first.start()
             await first.stop()
             assert state.pool_of("x") == ("tiny-llama", "x")
-            models.respond(200, content=b"not json")
+            replica.models_body = b"not json"
             second = FleetScraper(state, FAST, client)
             await second.start()
             await second.stop()
+        finally:
+            await client.aclose()
     assert state.pool_of("x") == ("tiny-llama", "x")
 
 
 async def test_prometheus_client_exposition_renders_only_the_families_read() -> None:
-    """Against prometheus-client's own exposition app: the scraper asks it for the few families it
-    reads (`name[]`) and for no compression."""
+    """Against prometheus-client's own exposition app over loopback: the scraper asks it for the few
+    families it reads (`name[]`) and for no compression."""
     registry = CollectorRegistry()
     labels = ["engine", "model_name"]
     for name, value in (("vllm:num_requests_running", 4), ("vllm:num_requests_waiting", 1),
@@ -268,9 +279,10 @@ async def test_prometheus_client_exposition_renders_only_the_families_read() -> 
     pages: dict[str, tuple[list[tuple[bytes, bytes]], bytes]] = {}
 
     async def app(scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["path"] != "/metrics":
-            await send({"type": "http.response.start", "status": 404, "headers": []})
-            await send({"type": "http.response.body", "body": b""})
+        if scope["type"] != "http" or scope["path"] != "/metrics":
+            if scope["type"] == "http":
+                await send({"type": "http.response.start", "status": 404, "headers": []})
+                await send({"type": "http.response.body", "body": b""})
             return
         head: list[tuple[bytes, bytes]] = []
 
@@ -283,15 +295,16 @@ async def test_prometheus_client_exposition_renders_only_the_families_read() -> 
 
         await exposition(scope, receive, spy)
 
-    state = FleetState([ReplicaConfig(url="http://replica.test:8000", model="m")], FAST)
-    transport = httpx.ASGITransport(app=app)
-    async with httpx.AsyncClient(transport=transport) as client:
+    async with FakeReplica(app=app) as replica:
+        state = FleetState([ReplicaConfig(url=replica.url, model="m", name="r0")], FAST)
+        client = build_client(FAST)
         scraper = FleetScraper(state, FAST, client)
         await scraper.start()
         await scraper.stop()
-    replica = state.snapshot().replicas[0]
-    assert (replica.running, replica.waiting, replica.kv_usage) == (4, 1, 0.5)
-    assert replica.kv_capacity_tokens == 16 * 4096
+        await client.aclose()
+    r = state.snapshot().replicas[0]
+    assert (r.running, r.waiting, r.kv_usage) == (4, 1, 0.5)
+    assert r.kv_capacity_tokens == 16 * 4096
     head, body = pages["/metrics"]
     page = body.decode()
     assert "vllm:prefix_cache_queries_total" in page
@@ -303,12 +316,12 @@ async def test_prometheus_client_exposition_renders_only_the_families_read() -> 
 
 
 async def scraping_sim(sim: SimFleet, fleet: FleetConfig = FAST) -> tuple[
-        FleetState, FleetScraper, Observer, httpx.AsyncClient]:
+        FleetState, FleetScraper, Observer, UpstreamPool]:
     state = FleetState([ReplicaConfig(url=u, model="tiny-llama", name=f"sim{i}")
                         for i, u in enumerate(sim.urls)], fleet)
     observer = Observer()
     state.add_listener(observer)
-    client = build_client(fleet, len(sim.urls))
+    client = build_client(fleet)
     scraper = FleetScraper(state, fleet, client, rng=random.Random(3), observer=observer)
     await scraper.start()
     return state, scraper, observer, client
@@ -328,7 +341,9 @@ async def test_simulated_fleet_is_read_whole() -> None:
 
             # a request the (slowed) engine is still working on shows in the next scrapes
             body = {"model": "lora-a", "prompt": "hello there", "max_tokens": 64, "stream": True}
-            async with client.stream("POST", sim.urls[1] + "/v1/completions", json=body):
+            async with httpx.AsyncClient() as http, http.stream(
+                "POST", sim.urls[1] + "/v1/completions", json=body
+            ):
                 await observer.until(lambda: state.snapshot().replicas[1].running
                                      + state.snapshot().replicas[1].waiting >= 1)
                 busy = state.snapshot().replicas[1]
