@@ -162,12 +162,17 @@ def print_point(p: Point) -> None:
     rps_d = sum(r.summarize().requests_s for r in p.direct) / len(p.direct)
     rps_g = sum(r.summarize().requests_s for r in p.gateway) / len(p.gateway)
     errors = sum(r.summarize().errors for r in p.gateway + p.direct)
+    kinds: dict[str, int] = {}
+    for label, runs in (("direct", p.direct), ("kvgate", p.gateway)):
+        for r in runs:
+            for kind, n in r.summarize().error_kinds.items():
+                kinds[f"{label}:{kind}"] = kinds.get(f"{label}:{kind}", 0) + n
     cpu_req = p.gw_cpu_s / max(1, p.gw_requests) * 1e6
     per_core = p.gw_chunks / p.gw_cpu_s if p.gw_cpu_s > 0 else float("nan")
     print(
         f"| {p.concurrency} | {d50 * ms:.2f} / {d99 * ms:.2f} | {g50 * ms:.2f} / {g99 * ms:.2f} "
         f"| {(g50 - d50) * ms:+.2f} / {(g99 - d99) * ms:+.2f} | {e_d * ms:.1f} / {e_g * ms:.1f} "
-        f"| {rps_d:.0f} / {rps_g:.0f} | {cpu_req:.0f} | {per_core:,.0f} | {errors} |",
+        f"| {rps_d:.0f} / {rps_g:.0f} | {cpu_req:.0f} | {per_core:,.0f} | {errors} {kinds or ''} |",
         flush=True,
     )
 
