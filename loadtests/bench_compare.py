@@ -71,7 +71,8 @@ def ratio(a: float | None, b: float | None) -> float | None:
 
 @dataclass(frozen=True, slots=True)
 class ComparisonRow:
-    """Ratios at one load; `marks` says whose knee this load is ("baseline knee", "policy knee")."""
+    """Ratios at one load; `marks` says whose knee this load is ("baseline knee", "policy knee") and
+    flags a pair measured while the simulator fell behind (records' `sim_distorted`)."""
 
     load: float
     ratios: Mapping[str, float | None]
@@ -119,6 +120,8 @@ def compare(
                     for m, k in (("baseline knee", bk), ("policy knee", pk))
                     if k is not None and k.load == load
                 )
+                if mine[load].get("sim_distorted") or base[load].get("sim_distorted"):
+                    marks += ("⚠ simulator distorted",)
                 ratios = {m: ratio(mine[load][m], base[load][m]) for m in METRICS}
                 rows.append(ComparisonRow(load, ratios, marks))
             out.append(

@@ -50,11 +50,12 @@ def setting_markdown(meta: Mapping[str, Any], records: Sequence[Mapping[str, Any
         *(f"- note: {n}" for n in meta.get("notes", [])),
         "",
         "Simulator distortion and CPU per run (step lag in wall ms: how late engine steps started because "
-        "the simulator's CPU was busy; clock jumps in simulated s; CPU in cores):",
+        "the simulator's CPU was busy; clock jumps in simulated s, ⚠ above 2% of the replicas' measured "
+        "time: the simulator fell behind and that run's latencies are stretched; CPU in cores):",
         "",
         "| workload | policy | load | lag mean ms | lag p99 ≤ ms | clock jumps s | sim CPU | gateway CPU "
-        "| gateway ms CPU/req | loadgen CPU | index keys |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| gateway ms CPU/req | loadgen CPU | index keys | warm-up errors |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in records:
         load = f"c={r['concurrency']}" if r["mode"] == "closed" else f"{r['rate']:g}/s"
@@ -67,9 +68,10 @@ def setting_markdown(meta: Mapping[str, Any], records: Sequence[Mapping[str, Any
 
         lines.append(
             f"| {r['workload']} | {r['policy']} | {load} | {ms(r.get('sim_step_lag_mean_s'))} | "
-            f"{ms(r.get('sim_step_lag_p99_s'))} | {num(r.get('sim_clock_jump_s'), '.3f')} | "
+            f"{ms(r.get('sim_step_lag_p99_s'))} | {num(r.get('sim_clock_jump_s'), '.3f')}"
+            f"{' ⚠' if r.get('sim_distorted') else ''} | "
             f"{num(r.get('sim_cpu_frac'))} | {num(r.get('gateway_cpu_frac'))} | "
             f"{num(r.get('gateway_cpu_ms_per_request'))} | {num(r.get('loadgen_cpu_frac'))} | "
-            f"{num(r.get('gateway_index_keys'), '.0f')} |"
+            f"{num(r.get('gateway_index_keys'), '.0f')} | {r.get('warmup_errors', '-')} |"
         )
     return "\n".join(lines) + "\n"

@@ -75,6 +75,12 @@ def test_a_missed_target_and_an_unmeasured_ratio() -> None:
     assert "MISSED" in text and "not measured" in text
 
 
+def test_pairs_measured_while_the_simulator_fell_behind_are_flagged() -> None:
+    runs = [{**r, "sim_distorted": r["policy"] == "default" and r["concurrency"] == 16} for r in RUNS]
+    (sp,) = [c for c in compare(runs) if c.workload == "shared-prefix"]
+    assert [r.marks for r in sp.rows] == [(), ("baseline knee",), ("policy knee", "⚠ simulator distorted")]
+
+
 def test_pairs_missing_a_policy_are_skipped() -> None:
     assert compare([_rec("default", "random", 1, 0.1, 1.0, 0.0)]) == []
 

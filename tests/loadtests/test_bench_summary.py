@@ -18,7 +18,7 @@ def _record(policy: str, c: int) -> dict[str, Any]:
     ).as_dict()  # fmt: skip
     rec.update(sim_step_lag_mean_s=0.0012, sim_step_lag_p99_s=0.005, sim_clock_jump_s=0.25, sim_cpu_frac=0.3,
                gateway_cpu_frac=0.2, gateway_cpu_ms_per_request=1.5, loadgen_cpu_frac=0.1,
-               gateway_index_keys=42.0)  # fmt: skip
+               gateway_index_keys=42.0, warmup_errors=0)  # fmt: skip
     return rec
 
 
@@ -35,7 +35,9 @@ def test_setting_lists_each_runs_distortion_and_cpu() -> None:
                      process_layout={"note": "2 CPUs"}, notes=["a note"])  # fmt: skip
     text = setting_markdown(meta, [_record("default", 4)])
     assert "2 CPUs" in text and "- note: a note" in text
-    assert "| random | default | c=4 | 1.20 | 5.00 | 0.250 | 0.30 | 0.20 | 1.50 | 0.10 | 42 |" in text
+    assert "| random | default | c=4 | 1.20 | 5.00 | 0.250 | 0.30 | 0.20 | 1.50 | 0.10 | 42 | 0 |" in text
+    distorted = setting_markdown(meta, [{**_record("default", 4), "sim_distorted": True}])
+    assert "| 0.250 ⚠ |" in distorted
 
 
 def test_write_summary_appends_comparisons_and_setting(tmp_path: Path) -> None:
