@@ -32,7 +32,6 @@ from loadtests.workloads import (
     SharedPrefixWorkload,
     Workload,
 )
-from policies.scheduling.builtin_profiles import builtin_profile_spec
 from simulator.profiles import get_profile
 
 BASELINE_POLICIES: tuple[str, ...] = ("round-robin", "least-loaded", "prefix-only", "default")
@@ -281,7 +280,7 @@ class DefaultWeights:
     """A variant of the built-in `default` profile: the prefix-affinity, queue-depth and kv-headroom
     weights; the load-guard's slack (`guard` = (abs_slack requests, rel_slack fraction of the least
     load), None drops the guard); the kv-full filter's threshold (KV usage fraction, None drops it).
-    Every other filter and scorer stays as built in."""
+    The other filters and scorers are those of the built-in default."""
 
     prefix: float
     queue: float
@@ -296,25 +295,30 @@ class DefaultWeights:
         return f"p{self.prefix:g}-q{self.queue:g}-k{self.kv:g}-{guard}-{full}"
 
     def spec(self) -> dict[str, Any]:
-        """The profile spec (config `scheduling.profiles` form)."""
-        spec = builtin_profile_spec("default")
-        weights = {"prefix-affinity": self.prefix, "queue-depth": self.queue, "kv-headroom": self.kv}
-        for scorer in spec["scorers"]:
-            if scorer["type"] in weights:
-                scorer["weight"] = weights[scorer["type"]]
-        filters = [f for f in spec["filters"] if f["type"] not in ("load-guard", "kv-full")]
+        """The profile spec (config `scheduling.profiles` form): the hard filters, `fresh`, then
+        kv-full and load-guard as set; the three weighted scorers (a zero weight leaves the scorer
+        out), then lora-locality and session-affinity at weight 1; the max-score picker."""
+        filters: list[dict[str, Any]] = [
+            {"type": "healthy"}, {"type": "serves-model"}, {"type": "serves-adapter"}, {"type": "fresh"},
+        ]  # fmt: skip
         if self.kv_full is not None:
-            filters.append({"type": "kv-full", "params": {"threshold": self.kv_full}})
+            filters.append({"type": "kv-full", "params": {"threshold": float(self.kv_full)}})
         if self.guard is not None:
             filters.append(
-                {"type": "load-guard", "params": {"abs_slack": self.guard[0], "rel_slack": self.guard[1]}}
+                {
+                    "type": "load-guard",
+                    "params": {"abs_slack": float(self.guard[0]), "rel_slack": float(self.guard[1])},
+                }
             )
-        spec["filters"] = filters
-        return spec
+        weighted = (("prefix-affinity", self.prefix), ("queue-depth", self.queue), ("kv-headroom", self.kv))
+        scorers = [{"type": t, "weight": float(w)} for t, w in weighted if w]
+        scorers += [{"type": "lora-locality", "weight": 1.0}, {"type": "session-affinity", "weight": 1.0}]
+        return {"filters": filters, "scorers": scorers, "picker": {"type": "max-score"}}
 
 
 # Candidate variants of the default profile, compared by the `weights` preset (docs/benchmarks.md,
-# "Choosing the default weights", has the earlier rounds). The first is the provisional built-in one.
+# "Choosing the default weights", has every round). The first is the provisional profile kvgate
+# shipped with before the measurements; `CHOSEN_DEFAULT` is the built-in `default` now.
 WEIGHT_CANDIDATES: tuple[DefaultWeights, ...] = (
     DefaultWeights(3, 2, 1, (8, 0.5), 0.98),
     DefaultWeights(3, 2, 1, (16, 1.0), 0.98),
@@ -323,6 +327,8 @@ WEIGHT_CANDIDATES: tuple[DefaultWeights, ...] = (
     DefaultWeights(3, 2, 0, (16, 1.0), None),
     DefaultWeights(3, 2, 0, (8, 0.5), None),
 )
+CHOSEN_DEFAULT = DefaultWeights(3, 2, 0, (16, 1.0), None)
+"""The candidate the measurements chose; the built-in `default` profile is its spec."""
 CANDIDATE_PROFILES: Mapping[str, Mapping[str, Any]] = MappingProxyType(
     {c.name: c.spec() for c in WEIGHT_CANDIDATES}
 )

@@ -11,6 +11,7 @@ import pytest
 
 from loadtests.presets import (
     BASELINE_POLICIES,
+    CHOSEN_DEFAULT,
     DEFAULT_WORKLOAD_PLANS,
     DIRECT,
     PRESETS,
@@ -225,11 +226,10 @@ def test_a_workload_type_may_run_twice_under_two_labels() -> None:
 def test_weights_preset_compares_candidates_of_the_default_profile() -> None:
     preset = get_preset("weights")
     assert {p.name for p in preset.workloads} == {"shared-prefix", "shared-prefix-hot", "random"}
+    built_in = {s["type"] for s in builtin_profile_spec("default")["scorers"]}
     for name, spec in preset.profiles.items():
         assert name in preset.policies
-        assert [s["type"] for s in spec["scorers"]] == [
-            s["type"] for s in builtin_profile_spec("default")["scorers"]
-        ]
+        assert {s["type"] for s in spec["scorers"]} <= built_in | {"kv-headroom"}
 
 
 def test_default_weights_variant_sets_weights_guard_and_kv_full() -> None:
@@ -252,18 +252,21 @@ def test_default_weights_variant_sets_weights_guard_and_kv_full() -> None:
     assert bare.name == "p3-q2-k1-noguard-nofull"
 
 
-def test_the_first_candidate_is_the_built_in_default() -> None:
+def test_the_chosen_candidate_is_the_built_in_default_and_the_first_the_provisional_one() -> None:
     from policies.scheduling.registry import build_profile
 
-    first = WEIGHT_CANDIDATES[0].spec()
-    built_in = builtin_profile_spec("default")
+    assert CHOSEN_DEFAULT in WEIGHT_CANDIDATES
+    assert CHOSEN_DEFAULT.spec() == builtin_profile_spec("default")
+    provisional = DefaultWeights(3, 2, 1, (8, 0.5), 0.98)
+    assert WEIGHT_CANDIDATES[0] == provisional
+    first = provisional.spec()
+    assert [s["weight"] for s in first["scorers"]][:3] == [3.0, 2.0, 1.0]
+    built_in = CHOSEN_DEFAULT.spec()
 
-    def key(f: dict[str, Any]) -> tuple[str, dict[str, float]]:
-        return f["type"], {k: float(v) for k, v in f.get("params", {}).items()}
-
-    assert sorted(map(key, first["filters"])) == sorted(map(key, built_in["filters"]))
-    assert first["scorers"] == built_in["scorers"]
-    build_profile(first)  # a valid profile
+    assert [f["type"] for f in first["filters"]][-2:] == ["kv-full", "load-guard"]
+    assert [f["type"] for f in built_in["filters"]][-1] == "load-guard"
+    build_profile(first)  # valid profiles
+    build_profile(built_in)
 
 
 def test_shared_prefix_with_explicit_groups_skips_sizing() -> None:

@@ -40,13 +40,11 @@ def test_default_filter_and_scorer_types() -> None:
         "serves-model",
         "serves-adapter",
         "fresh",
-        "kv-full",
         "load-guard",
     ]
     assert [s["type"] for s in spec["scorers"]] == [
         "prefix-affinity",
         "queue-depth",
-        "kv-headroom",
         "lora-locality",
         "session-affinity",
     ]
@@ -59,6 +57,8 @@ def test_default_filter_and_scorer_types() -> None:
         ((0, 60), (0, 10), "b"),
         ((1, 4), (0, 4), "a"),  # comparable queues -> the cache hit wins
         ((0, 12), (0, 6), "a"),
+        ((0, 22), (0, 6), "a"),  # 16 ahead: still within the guard's slack
+        ((0, 23), (0, 6), "b"),  # 17 ahead: pulled away
         ((0, 0), (0, 0), "a"),
     ],
 )
@@ -84,22 +84,25 @@ def test_prefix_only_herds_by_design() -> None:
     assert names(d.ranked) == ["a", "b"]
 
 
-def test_default_routes_around_unhealthy_stale_full_and_wrong_replicas() -> None:
+def test_default_routes_around_unhealthy_stale_and_wrong_replicas() -> None:
     candidates = [
         replica("sick", healthy=False),
         replica("other-model", pool="x"),
         replica("stale", scraped_at=NOW - 60),
-        replica("full", kv_usage=0.99),
         replica("ok", kv_usage=0.5),
     ]
     d = build_builtin_profile("default").schedule(context(), candidates, random.Random(0))
     assert names(d.ranked) == ["ok"]
-    assert d.dropped == {
-        "sick": "healthy",
-        "other-model": "serves-model",
-        "stale": "fresh",
-        "full": "kv-full",
-    }
+    assert d.dropped == {"sick": "healthy", "other-model": "serves-model", "stale": "fresh"}
+
+
+def test_default_keeps_a_full_kv_replica_that_holds_the_prefix() -> None:
+    # With shared prefixes, high KV usage is mostly the prefix the request would reuse.
+    candidates = [replica("a", kv_usage=0.99, in_flight=4), replica("b", kv_usage=0.2, in_flight=3)]
+    d = build_builtin_profile("default").schedule(
+        context(prefix_match=HOT, prefix_blocks=128), candidates, random.Random(0)
+    )
+    assert names(d.ranked)[0] == "a"
 
 
 def test_default_prefers_the_active_adapter_and_the_session_replica() -> None:
