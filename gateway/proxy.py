@@ -9,6 +9,7 @@ usage and record metrics — whatever happened, including the client hanging up 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import MutableMapping
 from typing import TYPE_CHECKING, Any
@@ -34,6 +35,7 @@ if TYPE_CHECKING:
     from gateway.gateway import Gateway
     from gateway.tenancy import Admitted
 
+log = logging.getLogger(__name__)
 _NO_REPLICA = GatewayError(503, "no replica can serve this model right now")
 
 
@@ -53,7 +55,6 @@ class ProxyEndpoint:
         t0 = time.perf_counter()
         model_label = "unknown"
         status = 0
-        outcome: Outcome | None = None
         progress = Outcome()  # filled by the forwarder as it goes: survives a cancelled request
         admitted: Admitted | None = None
         extra_headers: list[tuple[bytes, bytes]] = []
@@ -83,11 +84,11 @@ class ProxyEndpoint:
             admitted = await gw.tenancy.admit(tenant, info, header(scope, b"x-kvgate-priority"))
             info = admitted.info
             extra_headers = admitted.headers
-            outcome = await self._route_and_forward(req, raw, info, admitted, send, watch, progress, cap)
-            status = outcome.status
+            await self._route_and_forward(req, raw, info, admitted, send, watch, progress, cap)
+            status = progress.status
         except GatewayError as err:
             status = err.status
-            if outcome is None or outcome.status == 0:
+            if progress.status == 0:
                 await send_error(send, err, extra_headers)
         except ClientGone:
             status = 499
@@ -97,6 +98,12 @@ class ProxyEndpoint:
             task.uncancel()
             status = 499
             gw.metrics.client_disconnects.inc()
+        except Exception:
+            # A bug, not the client's doing: answer in OpenAI's shape and still settle the tenant.
+            log.exception("unexpected error on %s", self.path)
+            status = 500
+            if progress.status == 0:
+                await send_error(send, GatewayError(500, "internal error in kvgate"), extra_headers)
         finally:
             if watch is not None:
                 watch.close()

@@ -350,3 +350,29 @@ async def test_max_output_tokens_is_a_limit_the_replica_cannot_exceed() -> None:
         async with c.stream("POST", "/v1/chat/completions", json=stream, headers=auth("acme")) as r:
             events = [line async for line in r.aiter_lines() if line.startswith("data: ")]
         assert orjson.loads(events[-2][6:])["usage"]["completion_tokens"] == 50
+
+
+async def test_a_gateway_bug_is_an_openai_500_and_the_reservation_comes_back() -> None:
+    """A fault inside kvgate itself (here: routing raises) must not crash the request path, leak the
+    tenant's reservation or its in-flight slot."""
+    async with tenancy_stack(LIMITED) as s:
+        c = s.client
+        router = s.gateway.router
+        real = router.decide
+
+        def broken(*args: Any, **kw: Any) -> Any:
+            raise RuntimeError("injected fault")
+
+        router.decide = broken
+        try:
+            r = await c.post("/v1/chat/completions", json=chat("boom", max_tokens=20), headers=auth("acme"))
+        finally:
+            router.decide = real
+        err = assert_openai_error(r, 500, "internal_error")
+        assert "injected" not in err["message"]  # internals are logged, not shown
+        admin = {"authorization": f"Bearer {ADMIN_KEY}"}
+        status = (await c.get("/admin/tenants/acme", headers=admin)).json()
+        assert status["in_flight"] == 0
+        assert status["buckets"]["tokens"]["level"] >= 6000 - 1e-6  # nothing charged
+        r = await c.post("/v1/chat/completions", json=chat("fine", max_tokens=5), headers=auth("acme"))
+        assert r.status_code == 200
