@@ -37,7 +37,6 @@ class ModelConfig(_Strict):
     name: str = Field(min_length=1)
     # "sim": the simulator's own tokenizer (exact counts and token blocks); none: ~4 bytes per token.
     tokenizer: Literal["none", "sim"] = "none"
-    aliases: tuple[str, ...] = ()
 
 
 class ReplicaConfig(_Strict):

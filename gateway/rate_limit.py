@@ -42,11 +42,13 @@ _PER_MINUTE = {"requests": "requests per minute (RPM)", "tokens": "tokens per mi
 
 @dataclass(frozen=True, slots=True)
 class Reservation:
-    """What one admitted request took: `amounts[i]` from `buckets[i]`, in the store `source`."""
+    """What one admitted request took: `amounts[i]` from `buckets[i]`, in the store `source`;
+    `take` is the store's answer (levels after the take), kept for `refunded_headers`."""
 
     buckets: tuple[Bucket, ...]
     amounts: tuple[float, ...]
     source: str
+    take: Take
 
 
 class RateLimiter:
@@ -91,7 +93,7 @@ class RateLimiter:
         headers = _headers(buckets, take)
         if not take.allowed:
             raise self._refusal(tenant, info, buckets, amounts, take, headers)
-        return Reservation(buckets, amounts, take.source), headers
+        return Reservation(buckets, amounts, take.source, take), headers
 
     async def settle(self, res: Reservation, requests: int, tokens: int) -> None:
         """Reconcile: the request used `requests` (0 or 1) and `tokens`. Nothing to do, no call."""
@@ -101,6 +103,20 @@ class RateLimiter:
         levels = await self.store.settle(res.buckets, res.amounts, actual, res.source)
         if levels is not None:
             self._remember(res.buckets, tuple(lv.level for lv in levels))
+
+    @staticmethod
+    def refunded_headers(res: Reservation) -> Headers:
+        """The `x-ratelimit-*` headers as they stand once `res` is given back in full: for a request
+        refused after its reservation (flow control's 503), which used nothing. Levels as of the take,
+        plus the amounts; a bucket refilled by the amount is that much sooner full."""
+        take = res.take
+        out: Headers = []
+        for b, amount, cap, level, reset in zip(
+            res.buckets, res.amounts, take.capacities, take.levels, take.reset_s, strict=True
+        ):
+            refill = b.spec.refill_per_s * cap / b.spec.capacity  # a fail-open share refills its share
+            out += limit_headers(b.kind, cap, min(cap, level + amount), max(0.0, reset - amount / refill))
+        return out
 
     def refund_later(self, res: Reservation) -> None:
         """Give the whole reservation back in the background (the request never ran)."""
@@ -129,7 +145,7 @@ class RateLimiter:
             return
         take = t.result()
         if take.allowed:
-            self.spawn(self.settle(Reservation(buckets, amounts, take.source), 0, 0))
+            self.spawn(self.settle(Reservation(buckets, amounts, take.source, take), 0, 0))
 
     def _remember(self, buckets: tuple[Bucket, ...], levels: tuple[float, ...]) -> None:
         now = self._clock()

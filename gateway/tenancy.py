@@ -25,7 +25,7 @@ What a request is charged when it ends (`charge_for`):
 
 A request refused in `admit` after its reservation (queue full, timeout, the client leaving while
 queued) gets the reservation back in full, requests included: a queued request that leaves settles
-nothing. The reservation is taken at arrival rather than at dispatch so that the 429 comes at once.
+nothing. Its 503 still carries the `x-ratelimit-*` headers, as they stand after that refund. The reservation is taken at arrival rather than at dispatch so that the 429 comes at once.
 """
 
 from __future__ import annotations
@@ -215,9 +215,17 @@ class Tenancy:
                 reservation, headers = await self.limiter.reserve(tenant, info)
             path = "direct"
             if self.admission is not None:
-                path = await self.admission.enter(
-                    info.base_model, name, tenant.weight, band, info.reserved_tokens
-                )
+                try:
+                    path = await self.admission.enter(
+                        info.base_model, name, tenant.weight, band, info.reserved_tokens
+                    )
+                except GatewayError as err:
+                    if reservation is None:
+                        raise
+                    # Refused by flow control: the reservation comes back, and the answer still says
+                    # where the tenant's limits stand (every response carries them).
+                    more = tuple(RateLimiter.refunded_headers(reservation))
+                    raise replace(err, headers=err.headers + more) from None
             ok = True
         finally:
             if not ok:

@@ -3,6 +3,8 @@ bookkeeping on the memory store without a network."""
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from gateway.auth_keys import hash_key
@@ -37,11 +39,11 @@ def test_charge_for(usage: Usage | None, outcome: Outcome | None, expected: Char
     assert charge_for(INFO, usage, outcome) == expected
 
 
-def tenancy(**cfg: object) -> Tenancy:
+def tenancy(scrape: ReplicaMetrics | None = None, **cfg: object) -> Tenancy:
     config = parse_config({"replicas": [{"url": "http://r:1", "model": "m", "name": "r"}], **cfg})
     clock = FakeClock()
     fleet = FleetState(config.replicas, config.fleet, clock)
-    fleet.record_scrape("r", ReplicaMetrics(running=0, waiting=0, kv_usage=0.0))
+    fleet.record_scrape("r", scrape or ReplicaMetrics(running=0, waiting=0, kv_usage=0.0))
     return Tenancy(config, fleet, GatewayMetrics(), clock)
 
 
@@ -110,5 +112,22 @@ async def test_a_request_that_never_ran_gets_everything_back() -> None:
     acme = t.authenticate(b"Bearer k")
     adm = await t.admit(acme, INFO, None)
     await t.settle(adm, None, Outcome())  # e.g. routing found no replica
+    status = await t.status(acme)
+    assert status["buckets"]["tokens"]["level"] == 1000 and status["buckets"]["requests"]["level"] == 60
+
+
+async def test_a_request_shed_by_flow_control_gets_its_reservation_back_and_says_so() -> None:
+    t = tenancy(ReplicaMetrics(running=300, waiting=500, kv_usage=1.0), tenants=[ACME])  # saturated
+    acme = t.authenticate(b"Bearer k")
+    with pytest.raises(GatewayError) as err:
+        await t.admit(acme, INFO, b"sheddable")  # refused at once while saturated
+    headers = dict(err.value.headers)
+    assert err.value.status == 503 and int(headers[b"retry-after"]) >= 1
+    # The limits as they stand after the refund: nothing of this request is counted.
+    assert headers[b"x-ratelimit-limit-tokens"] == b"1000"
+    assert headers[b"x-ratelimit-remaining-tokens"] == b"1000"
+    assert headers[b"x-ratelimit-remaining-requests"] == b"60"
+    assert headers[b"x-ratelimit-reset-tokens"] == b"0s"
+    await asyncio.sleep(0)  # the background refund
     status = await t.status(acme)
     assert status["buckets"]["tokens"]["level"] == 1000 and status["buckets"]["requests"]["level"] == 60

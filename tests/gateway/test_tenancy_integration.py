@@ -225,7 +225,7 @@ async def test_200_concurrent_requests_hold_the_tpm_limit_and_settle_to_the_real
 
 async def test_sheddable_is_refused_at_once_and_critical_goes_first_under_saturation() -> None:
     cfg = {
-        "tenants": [tenant("ops", priority="critical")],
+        "tenants": [tenant("ops", priority="critical", limits={"rpm": 60, "tpm": 1_000_000})],
         "flow_control": {"saturation": {"max_in_flight_per_replica": 1, "max_waiting_per_replica": 4}},
     }
     async with tenancy_stack(cfg, replicas=1, time_scale=4.0) as s:
@@ -251,6 +251,10 @@ async def test_sheddable_is_refused_at_once_and_critical_goes_first_under_satura
         assert time.monotonic() - t0 < 2.0  # refused at once, not after a wait
         err = assert_openai_error(r, 503, "overloaded_error")
         assert err["message"].startswith("fleet overloaded") and int(r.headers["retry-after"]) >= 1
+        # The limits still come with the refusal, with this request's reservation given back.
+        # (three requests admitted so far; the bucket refills 1 per second meanwhile)
+        assert r.headers["x-ratelimit-limit-requests"] == "60"
+        assert 60 - 3 <= int(r.headers["x-ratelimit-remaining-requests"]) < 60
         critical = asyncio.ensure_future(send("crit", "critical"))
         await wait_for(lambda: s.gateway.tenancy.admission.depth == 3)
         statuses = await asyncio.gather(running, *queued, critical)

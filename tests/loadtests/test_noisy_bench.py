@@ -1,0 +1,48 @@
+"""loadtests/noisy_bench.py: the gateway config it runs is valid, and the figures it reports from
+traces (simulated TTFT percentiles over successful requests, statuses, served rate)."""
+
+from __future__ import annotations
+
+import pytest
+
+from gateway.config import parse_config
+from loadtests import noisy_bench
+from loadtests.runner import LoadConfig, RunResult
+from tests.loadtests.test_measures import trace
+
+
+def result(traces: list, wall_s: float) -> RunResult:
+    return RunResult(
+        config=LoadConfig(rate=1.0),
+        traces=traces,
+        started=0.0,
+        warmup_end=0.0,
+        wall_s=wall_s,
+        sent=len(traces),
+        incomplete=0,
+        loadgen=None,  # type: ignore[arg-type]  # not read by describe
+        max_schedule_lag_s=0.0,
+    )
+
+
+def test_the_gateway_config_is_valid_and_protects_by_flow_control_alone() -> None:
+    cfg = parse_config(noisy_bench.gateway_config(["http://127.0.0.1:1", "http://127.0.0.1:2"], slots=16))
+    assert [t.name for t in cfg.tenants] == ["A", "B"]
+    assert all(t.limits.rpm is None and t.limits.tpm is None for t in cfg.tenants)
+    assert cfg.flow_control.saturation.max_in_flight_per_replica == 16
+
+
+def test_describe_reports_simulated_ttfts_of_successful_requests_only() -> None:
+    scale = noisy_bench.TIME_SCALE
+    traces = [trace(f"ok{i}", start=0.0, chunks=(scale * (i + 1) / 10,)) for i in range(10)]
+    traces += [trace("shed", status=503, error="http: 503"), trace("busy", status=429, error="http: 429")]
+    d = noisy_bench.describe(result(traces, wall_s=2 * scale))
+    assert d["requests"] == 12 and d["statuses"] == {200: 10, 503: 1, 429: 1}
+    assert d["ttft_p50_s"] == pytest.approx(0.55)  # 0.1 .. 1.0 simulated seconds
+    assert d["ttft_p95_s"] == pytest.approx(0.955)
+    assert d["ok_per_s"] == pytest.approx(5.0)  # 10 served in 2 simulated seconds
+
+
+def test_describe_without_a_success_has_no_percentiles() -> None:
+    d = noisy_bench.describe(result([trace("x", status=503, error="http: 503")], wall_s=1.0))
+    assert d["ttft_p95_s"] is None and d["ok_per_s"] == 0.0
