@@ -26,21 +26,20 @@ _HARD_FILTERS: tuple[dict[str, Any], ...] = (
 _SPECS: dict[str, dict[str, Any]] = {
     "default": {
         # Chosen by measurement (docs/benchmarks.md, "Choosing the default weights"; `kvgate bench
-        # --preset weights`): against the provisional prefix 3 / queue 2 / kv-headroom 1 with kv-full
-        # at 0.98 and load-guard 8 requests / 50%, on a shared-prefix working set of 3x one replica's
-        # KV over 4 replicas (3 seeds), goodput +14% at 32 streams and +100% at 64 (38.5 vs 19.1
-        # req/s), TTFT p90 0.06 vs 0.22 s and 0.64 vs 1.31 s; equal on random prompts (within 3% of
-        # least-loaded); on two hot prefixes, equal at 64 streams and 12% less goodput at 32.
+        # --preset weights`, 3 seeds): against the provisional prefix 3 / queue 2 / kv-headroom 1 with
+        # kv-full at 0.98 and load-guard 8 requests / 50%, on a shared-prefix working set of 3x one
+        # replica's KV over 4 replicas, goodput 37.0 vs 16.9 req/s at 64 streams (TTFT p90 0.80 vs
+        # 1.38 s, hit rate 85% vs 66%) and 31.1 vs 28.3 at 32; on two hot prefixes equal at 64
+        # streams and 13% less goodput at 32 (the price of the wider guard).
         # - load-guard 16 requests / 100%: the old 8 / 50% pulled a group's requests off its replica
         #   whenever ordinary popularity noise put it 8 ahead, and each such miss prefilled a 4k-token
-        #   prompt and took KV from others: hit rate 0.68 against 0.86 at 64 streams. Without any
-        #   guard, min-max normalised queue scores never outweigh a full prefix hit and two hot
-        #   prefixes herd onto their two replicas (goodput -28% at 64 streams).
+        #   prompt and took KV from others. The guard is also what keeps a hot prefix from herding.
         # - no kv-headroom scorer and no kv-full filter: with prefixes shared, a replica's KV usage is
         #   mostly the prefixes its running requests share, so "free KV" pointed requests away from
-        #   their cache (to replicas that then had to prefill and hold a second copy). Congestion still
-        #   counts through queue-depth (waiting + in flight) and the guard. Both plugins remain for
-        #   custom profiles.
+        #   their cache (to replicas that then had to prefill and hold a second copy): keeping them
+        #   with the wider guard gave 29.3 req/s at 64 streams, unstable across seeds (22.5-36.1).
+        #   Congestion still counts through queue-depth (waiting + in flight) and the guard. Both
+        #   plugins remain for custom profiles.
         # Prefix 3 against queue 2: a full prefix hit outweighs the whole queue range among the
         # replicas the guard lets through, while a half hit does not beat the least-loaded replica.
         "filters": [
