@@ -1,6 +1,7 @@
 """Noisy neighbour, measured: how much a tenant offering ten times its fair share slows another.
 
-    python -m loadtests.noisy_bench [--repeats 2] [--b-requests 40] [--out FILE.json]
+    python -m loadtests.noisy_bench [--repeats 2] [--b-requests 40] [--slots 16]
+        [--b-prompt-tokens 1024] [--no-flow-control] [--out FILE.json]
 
 A simulated fleet (`kvgate sim`, 2 x llama-3-8b-h100 with 2,048 KV blocks, time scale 5, pinned
 apart as `kvgate bench` pins it) behind one `kvgate serve` with two tenants, A and B, of equal
@@ -13,8 +14,11 @@ tokens.
 3. Contended: the same B load, and A open loop at ten times its fair share (5 X): far beyond the
    fleet, so A's requests queue at the gateway and are refused with Retry-After.
 
-Reported per repeat: B's TTFT p50/p95/p99 solo and contended (simulated seconds), the p95 ratio
-(issue #4 asks for <= 2x), B's and A's statuses, and A's goodput. Latencies are simulated seconds
+`--slots` is the saturation threshold (in-flight requests per replica); `--no-flow-control` turns
+the gateway's queue off, the reference for what fair queuing and shedding buy.
+
+Reported per repeat: B's TTFT p50/p95/p99 solo and contended, the p95 ratio (issue #4 asks for
+<= 2x), B's and A's statuses, and A's goodput. Latencies are simulated seconds
 (wall / time scale); the bands' `max_wait_s` is wall time.
 """
 
@@ -30,6 +34,9 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import aiohttp
+from prometheus_client.parser import text_string_to_metric_families
+
 from gateway.auth_keys import hash_key
 from loadtests.bench_processes import GatewayProcess, SimFleetProcess, choose_layout, free_port, pin_self
 from loadtests.measures import RequestTrace, percentile
@@ -41,12 +48,13 @@ MODEL = "llama-3-8b"
 KEYS = {"A": "noisy-bench-key-a", "B": "noisy-bench-key-b"}
 
 
-def gateway_config(urls: list[str], slots: int) -> dict[str, Any]:
+def gateway_config(urls: list[str], slots: int, flow_control: bool = True) -> dict[str, Any]:
     return {
         "server": {"host": "127.0.0.1", "port": free_port(), "log_level": "warning"},
         "replicas": [{"url": u, "model": MODEL, "name": f"r{i}"} for i, u in enumerate(urls)],
         "tenants": [{"name": n, "api_keys": [hash_key(k)]} for n, k in KEYS.items()],
         "flow_control": {
+            "enabled": flow_control,
             "saturation": {"max_in_flight_per_replica": slots, "max_waiting_per_replica": 4},
             "max_queue_per_tenant": 4 * slots,
             "bands": {"standard": {"max_wait_s": 2.0 * TIME_SCALE}},
@@ -75,13 +83,45 @@ def describe(result: RunResult) -> dict[str, Any]:
     }
 
 
-def workload(n: int, seed: int) -> list[Any]:
+_ENGINE_SERIES = ("vllm:time_to_first_token_seconds", "vllm:request_queue_time_seconds")
+
+
+async def engine_sums(replica_urls: list[str]) -> dict[str, float]:
+    """Sums and counts of the replicas' engine-side TTFT and queue-time histograms (simulated
+    seconds): where a request waited once kvgate had sent it."""
+    out = {f"{n}_{k}": 0.0 for n in _ENGINE_SERIES for k in ("sum", "count")}
+    async with aiohttp.ClientSession() as session:
+        for url in replica_urls:
+            async with session.get(url.rstrip("/") + "/metrics") as resp:
+                text = await resp.text()
+            for family in text_string_to_metric_families(text):
+                for sample in family.samples:
+                    if sample.name in out:
+                        out[sample.name] += sample.value
+    return out
+
+
+def engine_means(before: dict[str, float], after: dict[str, float]) -> dict[str, float | None]:
+    """Mean engine TTFT and queue time over the requests finished between two `engine_sums`."""
+    means: dict[str, float | None] = {}
+    for name in _ENGINE_SERIES:
+        n = after[f"{name}_count"] - before[f"{name}_count"]
+        total = after[f"{name}_sum"] - before[f"{name}_sum"]
+        means[name.removeprefix("vllm:").removesuffix("_seconds") + "_mean_s"] = total / n if n else None
+    return means
+
+
+def workload(n: int, seed: int, prompt_tokens: int = 1024) -> list[Any]:
     return list(
-        RandomWorkload(requests=n, prompt_tokens=1024, output_tokens=64, model=MODEL, seed=seed).requests()
+        RandomWorkload(
+            requests=n, prompt_tokens=prompt_tokens, output_tokens=64, model=MODEL, seed=seed
+        ).requests()
     )
 
 
-async def one_repeat(url: str, slots: int, b_requests: int, seed: int) -> dict[str, Any]:
+async def one_repeat(
+    url: str, replica_urls: list[str], slots: int, b_requests: int, b_prompt: int, seed: int
+) -> dict[str, Any]:
     auth = {name: {"authorization": f"Bearer {key}"} for name, key in KEYS.items()}
     cap_n = 6 * slots
     capacity = await run_load(
@@ -90,16 +130,18 @@ async def one_repeat(url: str, slots: int, b_requests: int, seed: int) -> dict[s
     x = describe(capacity)["ok_per_s"]  # simulated requests/s
     b_rate, a_rate = x / 4, 5 * x
     b_cfg = LoadConfig(rate=b_rate / TIME_SCALE, max_requests=b_requests, duration_s=1e6, headers=auth["B"])
-    solo = await run_load(url, workload(b_requests, seed + 1), b_cfg)
+    solo = await run_load(url, workload(b_requests, seed + 1, b_prompt), b_cfg)
     b_window_wall = b_requests / (b_rate / TIME_SCALE)
     a_n = int(a_rate / TIME_SCALE * b_window_wall * 1.2)
     a_cfg = LoadConfig(
         rate=a_rate / TIME_SCALE, max_requests=a_n, duration_s=b_window_wall * 1.1, headers=auth["A"]
     )
+    before = await engine_sums(replica_urls)
     noisy, contended = await asyncio.gather(
         run_load(url, workload(a_n, seed + 2), a_cfg),
-        run_load(url, workload(b_requests, seed + 3), b_cfg),
+        run_load(url, workload(b_requests, seed + 3, b_prompt), b_cfg),
     )
+    engine = engine_means(before, await engine_sums(replica_urls))
     s, c = describe(solo), describe(contended)
     ratio = c["ttft_p95_s"] / s["ttft_p95_s"] if s["ttft_p95_s"] and c["ttft_p95_s"] else None
     return {
@@ -110,6 +152,7 @@ async def one_repeat(url: str, slots: int, b_requests: int, seed: int) -> dict[s
         "b_contended": c,
         "b_p95_ratio": ratio,
         "a": describe(noisy),
+        "engine_contended": engine,
     }
 
 
@@ -118,7 +161,7 @@ def fmt(v: float | None, unit: float = 1.0) -> str:
 
 
 def report(k: int, r: dict[str, Any]) -> str:
-    s, c, a = r["b_solo"], r["b_contended"], r["a"]
+    s, c, a, e = r["b_solo"], r["b_contended"], r["a"], r["engine_contended"]
 
     def ms(d: dict[str, Any]) -> str:
         return "/".join(fmt(d[f"ttft_{q}_s"], 1e3) for q in ("p50", "p95", "p99"))
@@ -129,7 +172,9 @@ def report(k: int, r: dict[str, Any]) -> str:
         f"  B TTFT p50/p95/p99 solo {ms(s)} ms, contended {ms(c)} ms: p95 ratio "
         f"{fmt(r['b_p95_ratio'])}; B statuses {c['statuses']}\n"
         f"  A: {a['requests']} requests, statuses {a['statuses']}, served {a['ok_per_s']:.1f} req/s, "
-        f"TTFT p50 {fmt(a['ttft_p50_s'], 1e3)} ms"
+        f"TTFT p50 {fmt(a['ttft_p50_s'], 1e3)} ms\n"
+        f"  engines while contended (A and B): mean TTFT {fmt(e['time_to_first_token_mean_s'], 1e3)} ms, "
+        f"mean queue time {fmt(e['request_queue_time_mean_s'], 1e3)} ms"
     )
 
 
@@ -144,10 +189,13 @@ async def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     with tempfile.TemporaryDirectory(prefix="kvgate-noisy-") as tmp:
         logs = Path(tmp)
         with SimFleetProcess(sim_args, 2, layout.sim_cpus, logs / "sim.log") as sim:
-            cfg = gateway_config(sim.urls, args.slots)
+            cfg = gateway_config(sim.urls, args.slots, flow_control=not args.no_flow_control)
             async with GatewayProcess(cfg, logs / "gateway.yaml", layout.gateway_cpus, logs / "gw.log") as gw:
                 for k in range(args.repeats):
-                    out.append(await one_repeat(gw.url, args.slots, args.b_requests, seed=100 * k))
+                    r = await one_repeat(
+                        gw.url, sim.urls, args.slots, args.b_requests, args.b_prompt_tokens, 100 * k
+                    )
+                    out.append(r)
                     print(report(k, out[-1]), flush=True)
     return out
 
@@ -157,6 +205,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--b-requests", type=int, default=40, help="B's requests per phase")
     p.add_argument("--slots", type=int, default=16, help="in-flight requests per replica before saturation")
+    p.add_argument("--b-prompt-tokens", type=int, default=1024, help="B's prompt length (A's: 1,024)")
+    p.add_argument(
+        "--no-flow-control",
+        action="store_true",
+        help="flow control off: the reference of what the fair queue and shedding buy",
+    )
     p.add_argument("--out", help="write the figures as JSON")
     p.add_argument("--no-pin", action="store_true")
     args = p.parse_args(argv)

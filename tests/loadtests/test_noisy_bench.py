@@ -29,7 +29,9 @@ def test_the_gateway_config_is_valid_and_protects_by_flow_control_alone() -> Non
     cfg = parse_config(noisy_bench.gateway_config(["http://127.0.0.1:1", "http://127.0.0.1:2"], slots=16))
     assert [t.name for t in cfg.tenants] == ["A", "B"]
     assert all(t.limits.rpm is None and t.limits.tpm is None for t in cfg.tenants)
-    assert cfg.flow_control.saturation.max_in_flight_per_replica == 16
+    assert cfg.flow_control.enabled and cfg.flow_control.saturation.max_in_flight_per_replica == 16
+    off = parse_config(noisy_bench.gateway_config(["http://127.0.0.1:1"], slots=16, flow_control=False))
+    assert not off.flow_control.enabled
 
 
 def test_describe_reports_simulated_ttfts_of_successful_requests_only() -> None:
@@ -46,3 +48,20 @@ def test_describe_reports_simulated_ttfts_of_successful_requests_only() -> None:
 def test_describe_without_a_success_has_no_percentiles() -> None:
     d = noisy_bench.describe(result([trace("x", status=503, error="http: 503")], wall_s=1.0))
     assert d["ttft_p95_s"] is None and d["ok_per_s"] == 0.0
+
+
+def test_engine_means_over_the_requests_finished_between_two_scrapes() -> None:
+    before = {
+        "vllm:time_to_first_token_seconds_sum": 1.0,
+        "vllm:time_to_first_token_seconds_count": 10.0,
+        "vllm:request_queue_time_seconds_sum": 0.5,
+        "vllm:request_queue_time_seconds_count": 10.0,
+    }
+    after = {
+        **before,
+        "vllm:time_to_first_token_seconds_sum": 5.0,
+        "vllm:time_to_first_token_seconds_count": 20.0,
+    }
+    means = noisy_bench.engine_means(before, after)
+    assert means["time_to_first_token_mean_s"] == pytest.approx(0.4)  # 4 s over 10 new requests
+    assert means["request_queue_time_mean_s"] is None  # nothing new finished
