@@ -26,9 +26,15 @@ _TYPES = {
 }
 
 
-@dataclass(frozen=True)
+@dataclass(eq=False)
 class GatewayError(Exception):
-    """An error kvgate answers itself. `headers` are extra response headers (e.g. Retry-After)."""
+    """An error kvgate answers itself. `headers` are extra response headers (e.g. Retry-After).
+
+    Not a frozen dataclass: Python code sets attributes on exceptions in flight (`contextlib`'s
+    generator context managers set `__traceback__`, `add_note` sets `__notes__`), and a frozen one
+    turns each of those into a FrozenInstanceError that hides the real error. Treat it as
+    immutable anyway (`dataclasses.replace` for a variant); equality is identity, as for exceptions.
+    """
 
     status: int
     message: str
