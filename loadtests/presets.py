@@ -317,8 +317,9 @@ class DefaultWeights:
 
 
 # Candidate variants of the default profile, compared by the `weights` preset (docs/benchmarks.md,
-# "Choosing the default weights", has the measurement and the command). The first is the provisional profile kvgate
-# shipped with before the measurements; `CHOSEN_DEFAULT` is the built-in `default` now.
+# "Choosing the default weights", has the measurement and the command). The first is the
+# provisional profile kvgate shipped with before the measurements; `CHOSEN_DEFAULT` is the built-in
+# `default` now.
 WEIGHT_CANDIDATES: tuple[DefaultWeights, ...] = (
     DefaultWeights(3, 2, 1, (8, 0.5), 0.98),
     DefaultWeights(3, 2, 1, (16, 1.0), 0.98),
