@@ -24,7 +24,8 @@ depend only on served items and on each item's own push time.
 Complexity: `push`, `pop`, `peek` are O(log n) amortized (one heap per band over flows, one heap
 over deadlines, both with lazy deletion and compaction once stale entries outnumber live ones);
 `remove` is O(log n) when it removes a flow's head, O(1) otherwise; `expire` is O(k log n) for k
-overdue items, plus O(flows) to forget tenants that carry no fairness state any more.
+overdue items, plus O(flows) to forget tenants that carry no fairness state any more; `pop(eligible)`
+is O(flows in the bands it scans).
 
 State: a mutable in-memory structure, no I/O and no clock (`now` is passed to `expire`). It is not
 thread-safe: one event loop owns it.
@@ -35,6 +36,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
@@ -173,25 +175,57 @@ class FairQueue(Generic[P]):
                 return next(iter(flow.entries.values())).item
         return None
 
-    def pop(self) -> QueueItem[P] | None:
-        """Remove and return the next item to dispatch, or None when empty; charges its tenant."""
+    def pop(self, eligible: Callable[[str], bool] | None = None) -> QueueItem[P] | None:
+        """Remove and return the next item to dispatch, or None when empty; charges its tenant.
+
+        With `eligible`, only tenants for which it is true are considered: the next item in the same
+        order among theirs (the others keep their places and tags), or None. That costs O(flows in
+        the bands scanned) instead of O(log n)."""
         for band in self._bands:
-            flow = self._head_flow(band)
-            if flow is None:
-                continue
-            start = heapq.heappop(band.heap)[0]
-            _, entry = flow.entries.popitem(last=False)
-            item = entry.item
-            band.vtime = max(band.vtime, start)
-            # At least one token each: a flood of free items must not hold a band forever.
-            flow.finish = start + max(item.cost_tokens, 1) / item.weight
-            flow.live = -1
-            if flow.entries:
-                self._schedule(band, flow, next(iter(flow.entries.values())))
-            self._uncount(item, band)
-            self._orphan_deadline(item)
+            if eligible is None:
+                flow = self._head_flow(band)
+                if flow is None:
+                    continue
+                start = heapq.heappop(band.heap)[0]
+            else:
+                found = self._first_eligible(band, eligible)
+                if found is None:
+                    continue
+                start, flow = found
+                band.stale += 1  # its heap entry stays behind
+            item = self._serve(band, flow, start)
+            if eligible is not None:
+                self._maybe_compact_band(band)
             return item
         return None
+
+    def _first_eligible(
+        self, band: _Band[P], eligible: Callable[[str], bool]
+    ) -> tuple[float, _Flow[P]] | None:
+        best: tuple[float, int] | None = None
+        chosen: _Flow[P] | None = None
+        for tenant, flow in band.flows.items():
+            if not flow.entries or not eligible(tenant):
+                continue
+            head = next(iter(flow.entries.values()))
+            key = (max(flow.finish, head.vpush), head.seq)  # as `_schedule` put it on the heap
+            if best is None or key < best:
+                best, chosen = key, flow
+        return None if best is None or chosen is None else (best[0], chosen)
+
+    def _serve(self, band: _Band[P], flow: _Flow[P], start: float) -> QueueItem[P]:
+        """Take `flow`'s head, which starts at virtual time `start`, and charge its tenant."""
+        _, entry = flow.entries.popitem(last=False)
+        item = entry.item
+        band.vtime = max(band.vtime, start)
+        # At least one token each: a flood of free items must not hold a band forever.
+        flow.finish = start + max(item.cost_tokens, 1) / item.weight
+        flow.live = -1
+        if flow.entries:
+            self._schedule(band, flow, next(iter(flow.entries.values())))
+        self._uncount(item, band)
+        self._orphan_deadline(item)
+        return item
 
     def remove(self, item_id: str) -> QueueItem[P] | None:
         """Take a waiting item out without charging its tenant (its client went away). Returns the

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import copy
 import math
 import random
 from collections import Counter
@@ -397,3 +398,77 @@ def test_removal_equivalence_holds_through_heap_compaction(seed: int) -> None:
     never_pushed, _ = replay(steps, skip=removed)
     assert len(removed) > 500
     assert with_removals == never_pushed
+
+
+# --- pop(eligible): the next item among some tenants only ---------------------------------------
+
+
+def test_pop_eligible_skips_the_other_tenants_who_keep_their_places() -> None:
+    q: FairQueue[None] = FairQueue()
+    for i in range(4):
+        q.push(mk(f"a{i}", "a"))
+    q.push(mk("b0", "b"))
+    q.push(mk("c0", "c", cost=10))
+    assert pop(q).item_id == "a0"
+    got = q.pop(eligible=lambda t: t != "a")
+    assert got is not None and got.item_id == "b0"  # b's tag is older than c's push order
+    assert q.pop(eligible=lambda t: t == "z") is None  # nobody eligible: nothing leaves
+    assert len(q) == 4
+    assert drain(q) == ["c0", "a1", "a2", "a3"]
+
+
+def test_pop_eligible_keeps_strict_priority_among_the_eligible() -> None:
+    q: FairQueue[None] = FairQueue()
+    q.push(mk("a-crit", "a", C))
+    q.push(mk("b-std", "b", S))
+    q.push(mk("b-crit", "b", C))
+    got = q.pop(eligible=lambda t: t == "b")
+    assert got is not None and got.item_id == "b-crit"
+    assert drain(q) == ["a-crit", "b-std"]
+
+
+def expected_eligible_pop(q: FairQueue[None], eligible: set[str]) -> str | None:
+    """The oracle: the plain `pop` of a copy without the other tenants' items (removal charges
+    nothing and changes no other tag, so that copy orders the eligible items exactly as `q` does)."""
+    twin = copy.deepcopy(q)
+    for item_id in [e for e in twin._entries if twin._entries[e].item.tenant not in eligible]:
+        twin.remove(item_id)
+    got = twin.pop()
+    return None if got is None else got.item_id
+
+
+@given(ops)
+def test_pop_eligible_matches_the_queue_without_the_others(steps: list[Op]) -> None:
+    q: FairQueue[None] = FairQueue()
+    pushed: set[str] = set()
+    left: list[str] = []
+    n = 0
+    for op, tenant, band, cost, k in steps:
+        if op == "push":
+            n += 1
+            q.push(mk(f"i{n}", f"t{tenant}", Band(band), cost=cost, weight=1 + tenant % 3))
+            pushed.add(f"i{n}")
+        elif op == "pop":
+            got = q.pop()
+            if got is not None:
+                left.append(got.item_id)
+        else:  # remove and expire stand in for eligible pops here: tenants k % 4 .. k % 4 + 1
+            eligible = {f"t{k % 4}", f"t{(k + 1) % 4}"}
+            want = expected_eligible_pop(q, eligible)
+            got = q.pop(eligible=eligible.__contains__)
+            assert (got.item_id if got is not None else None) == want
+            if got is not None:
+                left.append(got.item_id)
+        assert len(q) == len(pushed) - len(left)
+    left += drain(q)
+    assert sorted(left) == sorted(pushed) and len(left) == len(set(left))
+
+
+def test_eligible_pops_keep_the_heap_bounded() -> None:
+    q: FairQueue[None] = FairQueue()
+    for i in range(2000):
+        q.push(mk(f"i{i}", f"t{i % 50}"))
+        if i % 2:
+            assert q.pop(eligible=lambda t: t != "t0") is not None
+    assert len(q._bands[S].heap) <= 2 * 50 + 64 + 1  # stale entries compacted
+    assert len(drain(q)) == 1000
