@@ -19,7 +19,14 @@ that finished, and never more than `max_in_flight_per_replica` at once. A pool w
 replica at all is not "saturated" but down: requests are not held for it (routing answers 503 at
 once instead of after a queue timeout).
 
-A request starts at once when its pool's queue is empty and there is room. Otherwise it waits in the
+Fair-share reserve (policies/fair_share). The pool's last `reserve_per_replica` x healthy replicas
+of room go only to tenants below their fair share of the pool's requests in flight: the queue's
+next item among those tenants, while the others wait. So a tenant flooding the pool cannot take every
+slot, and a lighter tenant's request starts the moment it arrives instead of waiting for a slot to
+free. With one active tenant the reserve is no constraint.
+
+A request starts at once when its pool's queue is empty and there is room (beyond the reserve, or
+inside it for a tenant below its share). Otherwise it waits in the
 queue (its band's `max_wait_s`; a band with 0, `sheddable` by default, is refused at once) until a
 capacity event releases it: a replica's fresh scrape, a finished request (FleetChange.RELEASED), a
 health change. A waiter that is cancelled (the client left) leaves the queue; if it had just been
@@ -45,6 +52,7 @@ from gateway.fleet.state import FleetChange, FleetState
 from gateway.metrics import GatewayMetrics
 from policies.drain_rate import DrainRate
 from policies.fair_queue import FairQueue, QueueItem
+from policies.fair_share import FairShare
 from policies.retry_after import retry_after_from_queue
 from policies.saturation import SaturationThresholds, replica_headroom
 from policies.types import Band
@@ -59,6 +67,7 @@ class _Pool:
     name: str
     indexes: tuple[int, ...]  # positions of its replicas in the fleet snapshot
     drain: DrainRate
+    share: FairShare
     queue: FairQueue[asyncio.Future[None]] = field(default_factory=FairQueue)
     pending: int = 0  # released from the queue, not yet dispatched
 
@@ -98,7 +107,10 @@ class AdmissionQueue:
         pools: dict[str, list[int]] = {}
         for i, r in enumerate(fleet.replicas):
             pools.setdefault(r.model, []).append(i)
-        self._pools = {name: _Pool(name, tuple(ix), DrainRate(now)) for name, ix in pools.items()}
+        window = cfg.fair_share.active_window_s
+        self._pools = {
+            name: _Pool(name, tuple(ix), DrainRate(now), FairShare(window)) for name, ix in pools.items()
+        }
         self._replica_index = {n: i for i, n in enumerate(names)}
         self._replica_pool = {n: self._pools[r.model] for n, r in zip(names, fleet.replicas, strict=True)}
         self._at_scrape = [0] * len(names)  # each replica's in-flight count at its last good scrape
@@ -120,8 +132,12 @@ class AdmissionQueue:
         if p is None:
             return "direct"  # not a pool of this fleet: routing will answer
         now = self._clock()
-        if not p.queue and self._room(p, now, 1) > 0:
-            return "direct"
+        if not p.queue:
+            reserve = self._reserve(p)
+            room = self._room(p, now, reserve + 1)
+            if room > reserve or (room > 0 and p.share.below_share(tenant, room, now, p.queue.depth_of)):
+                p.share.started(tenant, weight, now)
+                return "direct"
         max_wait = self._max_wait[band]
         if max_wait <= 0:
             raise self._refuse(p, band, tenant, now, "shed")
@@ -129,6 +145,7 @@ class AdmissionQueue:
             raise self._refuse(p, band, tenant, now, "queue_full")
         if self.depth_of(tenant) >= self._cfg.max_queue_per_tenant:
             raise self._refuse(p, band, tenant, now, "tenant_queue_full")
+        p.share.seen(tenant, weight, now)
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         item_id = str(next(self._ids))
         # Deadlines are kept by each waiter's own timeout, not by the queue (deadline = inf).
@@ -150,11 +167,23 @@ class AdmissionQueue:
             if _released(fut):
                 p.pending -= 1
                 if outcome != "dispatched":  # released, but the client left: pass the slot on
-                    self._drain(p, self._clock())
+                    now = self._clock()
+                    p.share.ended(tenant, now)
+                    self._drain(p, now)
             elif p.queue.remove(item_id) is not None:
                 self._depth -= 1
             fut.cancel()
-            self._m.queue_wait.labels(band.label, outcome).observe(self._clock() - now)
+            self._m.queue_wait.labels(tenant, band.label, outcome).observe(self._clock() - now)
+
+    def leave(self, pool: str, tenant: str) -> None:
+        """A request `enter` let through has ended (settled): its slot counts for its tenant no more."""
+        p = self._pools.get(pool)
+        if p is None:
+            return
+        now = self._clock()
+        p.share.ended(tenant, now)
+        if p.queue:
+            self._drain(p, now)
 
     def depth_of(self, tenant: str) -> int:
         """Requests of `tenant` waiting, all pools together."""
@@ -177,7 +206,9 @@ class AdmissionQueue:
             i = self._replica_index[replica]
             self._at_scrape[i] = self._fleet.snapshot().replicas[i].in_flight
         if p.queue:
-            self._drain(p, now)
+            # A finished request is released here before its tenant's `leave`, which follows at
+            # once: the reserved room waits for it, so the shares it is given to are up to date.
+            self._drain(p, now, reserve_too=FleetChange.RELEASED not in change)
 
     def close(self) -> None:
         """Refuse everything waiting (shutdown)."""
@@ -213,11 +244,28 @@ class AdmissionQueue:
                 return room
         return room if healthy else _DOWN
 
-    def _drain(self, p: _Pool, now: float) -> None:
-        q = p.queue
-        room = self._room(p, now, len(q))
+    def _reserve(self, p: _Pool) -> int:
+        per = self._cfg.fair_share.reserve_per_replica
+        if not per:
+            return 0
+        replicas = self._fleet.snapshot().replicas
+        return per * sum(1 for i in p.indexes if replicas[i].healthy)
+
+    def _drain(self, p: _Pool, now: float, reserve_too: bool = True) -> None:
+        """Release waiters while there is room: in the queue's order above the reserve, then (if
+        `reserve_too`) the queue's next among the tenants below their share."""
+        q, share = p.queue, p.share
+        reserve = self._reserve(p)
+        room = self._room(p, now, len(q) + reserve)
+        if not reserve_too:
+            room -= reserve
+            reserve = 0
+
+        def below_share(tenant: str) -> bool:
+            return share.below_share(tenant, room, now, q.depth_of)
+
         while room > 0:
-            item = q.pop()
+            item = q.pop() if room > reserve else q.pop(eligible=below_share)
             if item is None:
                 return
             self._depth -= 1
@@ -226,6 +274,7 @@ class AdmissionQueue:
                 continue
             fut.set_result(None)
             p.pending += 1
+            share.started(item.tenant, item.weight, now)
             room -= 1
 
     def _refuse(self, p: _Pool, band: Band, tenant: str, now: float, reason: str) -> GatewayError:

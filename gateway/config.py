@@ -192,9 +192,17 @@ class SaturationConfig(_Strict):
     max_in_flight_per_replica: int = Field(128, ge=1)
 
 
+class FairShareConfig(_Strict):
+    """The slots kept for tenants below their fair share (policies/fair_share)."""
+
+    reserve_per_replica: int = Field(1, ge=0)  # per healthy replica of the pool; 0 = off
+    active_window_s: float = Field(10.0, ge=0, allow_inf_nan=False)  # a tenant stays active this long
+
+
 class FlowControlConfig(_Strict):
     enabled: bool = True
     saturation: SaturationConfig = SaturationConfig()
+    fair_share: FairShareConfig = FairShareConfig()
     bands: dict[BandName, BandConfig] = Field(default_factory=_default_bands)
     max_queue: int = Field(2048, ge=0)
     max_queue_per_tenant: int = Field(512, ge=0)

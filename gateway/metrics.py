@@ -125,9 +125,9 @@ class GatewayMetrics:
         )
         self.queue_wait = Histogram(
             "kvgate_queue_wait_seconds",
-            "Time requests spent in the admission queue, by band and how they left it "
+            "Time requests spent in the admission queue, by tenant, band and how they left it "
             "(dispatched, timeout, cancelled). Requests that never queued are not observed.",
-            ["band", "outcome"],
+            ["tenant", "band", "outcome"],
             buckets=LATENCY_BUCKETS,
             registry=r,
         )

@@ -25,7 +25,8 @@ What a request is charged when it ends (`charge_for`):
 
 A request refused in `admit` after its reservation (queue full, timeout, the client leaving while
 queued) gets the reservation back in full, requests included: a queued request that leaves settles
-nothing. Its 503 still carries the `x-ratelimit-*` headers, as they stand after that refund. The reservation is taken at arrival rather than at dispatch so that the 429 comes at once.
+nothing. Its 503 still carries the `x-ratelimit-*` headers, as they stand after that refund. The
+reservation is taken at arrival rather than at dispatch so that the 429 comes at once.
 """
 
 from __future__ import annotations
@@ -68,6 +69,7 @@ class Admitted:
     vllm_priority: int | None = None
     tenant: Tenant | None = None
     reservation: Reservation | None = None
+    pool: str | None = None  # the flow-control pool that counts it in flight, until settled
     settled: bool = False
 
 
@@ -214,6 +216,7 @@ class Tenancy:
             if tenant.limited and self.limiter is not None:
                 reservation, headers = await self.limiter.reserve(tenant, info)
             path = "direct"
+            pool = None
             if self.admission is not None:
                 try:
                     path = await self.admission.enter(
@@ -226,6 +229,7 @@ class Tenancy:
                     # where the tenant's limits stand (every response carries them).
                     more = tuple(RateLimiter.refunded_headers(reservation))
                     raise replace(err, headers=err.headers + more) from None
+                pool = info.base_model
             ok = True
         finally:
             if not ok:
@@ -244,6 +248,7 @@ class Tenancy:
             vllm_priority=int(band) if self._pass_priority else None,
             tenant=tenant,
             reservation=reservation,
+            pool=pool,
         )
 
     async def settle(self, admitted: Admitted, usage: Usage | None, outcome: Outcome | None) -> None:
@@ -253,6 +258,8 @@ class Tenancy:
         admitted.settled = True
         name = admitted.tenant.name
         self._in_flight[name] -= 1
+        if admitted.pool is not None and self.admission is not None:
+            self.admission.leave(admitted.pool, name)
         charge = charge_for(admitted.info, usage, outcome)
         totals = self._totals.get(name)
         if totals is None:

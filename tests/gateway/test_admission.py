@@ -40,6 +40,7 @@ class Harness:
         )
         self.fleet.add_listener(self.adm.on_fleet_change)
         self.started: list[str] = []
+        self.running: dict[str, list[str]] = {}  # replica -> tenants of its requests, oldest first
         for n in self.names:
             self.scrape(n)
 
@@ -50,12 +51,18 @@ class Harness:
         self, label: str, tenant: str = "t", band: Band = Band.STANDARD, cost: int = 100, weight: float = 1.0
     ) -> str:
         path = await self.adm.enter(POOL, tenant, weight, band, cost)
-        self.fleet.dispatched(self.names[len(self.started) % len(self.names)], 1)
+        replica = self.names[len(self.started) % len(self.names)]
+        self.fleet.dispatched(replica, 1)
+        self.running.setdefault(replica, []).append(tenant)
         self.started.append(label)
         return path
 
     def finish(self, replica: str = "a") -> None:
+        """The oldest request on `replica` ends: the forwarder's release, then the tenant's settle."""
         self.fleet.finished(replica, 1)
+        running = self.running.get(replica)
+        if running:
+            self.adm.leave(POOL, running.pop(0))
 
     def spawn(self, coro: Awaitable[str]) -> asyncio.Task[str]:
         return asyncio.ensure_future(coro)
@@ -258,3 +265,98 @@ def test_metrics_families() -> None:
     h = Harness()
     names = {m.name for m in h.adm.collect()}
     assert names == {"kvgate_queue_depth"}
+
+
+# --- the fair-share reserve ----------------------------------------------------------------------
+
+RESERVE_POOL = {"max_in_flight_per_replica": 4, "max_waiting_per_replica": 10}  # 2 replicas: 8 slots
+
+
+async def flood(h: Harness, tenant: str, n: int) -> list[asyncio.Task[str]]:
+    tasks = [h.spawn(h.request(f"{tenant}{i}", tenant=tenant)) for i in range(n)]
+    await settle_loop()
+    return tasks
+
+
+async def test_a_tenant_alone_fills_the_whole_pool_reserve_included() -> None:
+    h = Harness(replicas=2, saturation=RESERVE_POOL)
+    tasks = await flood(h, "heavy", 10)
+    assert len(h.started) == 8 and h.adm.depth == 2  # the reserve (1 per replica) is no limit alone
+    for t in tasks:
+        t.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def test_a_light_tenant_starts_at_once_beside_a_flood() -> None:
+    h = Harness(replicas=2, saturation=RESERVE_POOL)
+    await h.request("light-early", tenant="light")  # the light tenant is active
+    h.finish("a")
+    tasks = await flood(h, "heavy", 12)
+    # heavy is above its share (8 / 2) once it holds 6: the last 2 slots stay free for light
+    assert h.started.count("heavy0") == 1 and len(h.started) == 1 + 6 and h.adm.depth == 6
+    # Light's requests start at once (released as they join the queue), no slot has to free first.
+    await asyncio.wait_for(h.request("light-1", tenant="light"), 1.0)
+    await asyncio.wait_for(h.request("light-2", tenant="light"), 1.0)
+    assert h.started[-2:] == ["light-1", "light-2"] and h.adm.depth == 6
+    # A heavy request ends: heavy is still above its share, and the reserve is kept free again.
+    h.finish("a")
+    await settle_loop()
+    assert h.started[-1] == "light-2"
+    h.finish("b")
+    h.finish("a")  # room beyond the reserve: it goes in the queue's order, heavy's next
+    await settle_loop()
+    assert h.started[-2:] == ["light-2", "heavy6"] and h.adm.depth == 5
+    for t in tasks:
+        t.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def test_the_reserve_returns_to_the_heavy_tenant_when_the_light_one_goes_quiet() -> None:
+    h = Harness(replicas=2, saturation=RESERVE_POOL, fair_share={"active_window_s": 5.0})
+    await h.request("light", tenant="light")
+    h.finish("a")
+    tasks = await flood(h, "heavy", 12)
+    assert len(h.started) == 7
+    h.clock.now += 6.0  # light's window has passed
+    h.scrape("a")
+    h.scrape("b")
+    await settle_loop()
+    assert len(h.started) == 9 and h.started[-2:] == ["heavy6", "heavy7"]
+    for t in tasks:
+        t.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def test_a_light_request_queued_behind_the_flood_takes_a_reserved_slot() -> None:
+    h = Harness(replicas=2, saturation={"max_in_flight_per_replica": 2, "max_waiting_per_replica": 10})
+    tasks = await flood(h, "heavy", 6)  # alone: all 4 slots, 2 waiting
+    light = h.spawn(h.request("light", tenant="light"))  # queued: the pool is full
+    await settle_loop()
+    assert "light" not in h.started
+    h.finish("a")  # one slot frees: light is below its share, heavy is not
+    await settle_loop()
+    assert h.started[-1] == "light"
+    assert await light == "queued"
+    for t in tasks:
+        t.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def test_reserve_zero_is_plain_work_conserving_fair_queuing() -> None:
+    h = Harness(replicas=2, saturation=RESERVE_POOL, fair_share={"reserve_per_replica": 0})
+    await h.request("light-early", tenant="light")
+    h.finish("a")
+    tasks = await flood(h, "heavy", 12)
+    assert len(h.started) == 1 + 8  # heavy takes every slot
+    light = h.spawn(h.request("light-1", tenant="light"))
+    await settle_loop()
+    assert h.started[-1] != "light-1"  # it waits for a slot to free: two, as it happens, since
+    h.finish("b")  # heavy's queued requests and light's start level (heavy's direct starts were
+    await settle_loop()  # not charged in the queue), and heavy's came first
+    assert h.started[-1] == "heavy8"
+    h.finish("a")
+    await settle_loop()
+    assert h.started[-1] == "light-1"
+    for t in [*tasks, light]:
+        t.cancel()
+    await asyncio.gather(*tasks, light, return_exceptions=True)

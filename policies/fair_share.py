@@ -1,0 +1,102 @@
+"""Which tenants may take a pool's last free slots: the fair-share reserve.
+
+Why. kvgate's fleet is non-preemptive: a request holds its slot until its last token. While one
+tenant offers far more than its share, the fair queue serves the other tenants first, but only
+when a slot frees, and a pool full of the heavy tenant's requests frees its slots in bursts (they
+were started together and finish together). Measured with `loadtests.noisy_bench`: a light tenant's
+requests then waited at kvgate for most of a request's duration, half a second of simulated time,
+for a 30 ms solo TTFT. Holding back the last few slots of the pool from tenants already above their
+fair share keeps room for the others the moment they send.
+
+The rule. A pool's room is the number of requests it can take now (gateway/admission). While the
+room is at most `reserve`, only a tenant below its fair share may take a slot:
+
+    share(t) = capacity * weight(t) / sum of the weights of the ACTIVE tenants
+    below share  <=>  in_flight(t) < share(t)
+
+where `capacity` is the pool's requests in flight plus its room, and a tenant is active while it has
+requests in flight or queued in the pool, or had within the last `window_s` seconds (so a tenant
+sending steadily keeps its share between two requests). A tenant alone is below its share until it
+holds the whole pool, so with one active tenant the reserve costs nothing; the price with several is
+up to `reserve` idle slots while the light tenants do not use them.
+
+Pure: the caller passes `now` and the queued counts; no I/O, not thread-safe (one event loop).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+
+@dataclass(slots=True)
+class _Tenant:
+    weight: float
+    in_flight: int = 0
+    last_seen: float = -math.inf
+
+
+@dataclass(slots=True)
+class FairShare:
+    """Requests in flight per tenant in one pool, and who is below its fair share of it."""
+
+    window_s: float
+    _tenants: dict[str, _Tenant] = field(default_factory=dict)
+    _in_flight: int = 0
+
+    def __post_init__(self) -> None:
+        if not (self.window_s >= 0 and math.isfinite(self.window_s)):
+            raise ValueError(f"window_s must be a finite number >= 0, got {self.window_s!r}")
+
+    @property
+    def in_flight(self) -> int:
+        """Requests of every tenant in flight in the pool."""
+        return self._in_flight
+
+    def in_flight_of(self, tenant: str) -> int:
+        t = self._tenants.get(tenant)
+        return 0 if t is None else t.in_flight
+
+    def seen(self, tenant: str, weight: float, now: float) -> None:
+        """`tenant` (of `weight` > 0) sent a request: it is active from now."""
+        t = self._tenants.get(tenant)
+        if t is None:
+            t = self._tenants[tenant] = _Tenant(weight)
+        t.weight = weight
+        t.last_seen = max(t.last_seen, now)
+
+    def started(self, tenant: str, weight: float, now: float) -> None:
+        """A request of `tenant` took a slot. Pair with exactly one `ended`."""
+        self.seen(tenant, weight, now)
+        self._tenants[tenant].in_flight += 1
+        self._in_flight += 1
+
+    def ended(self, tenant: str, now: float) -> None:
+        """The request counted by `started` gave its slot back (finished, failed or abandoned)."""
+        t = self._tenants.get(tenant)
+        if t is None or t.in_flight <= 0:
+            return  # unpaired: never below zero
+        t.in_flight -= 1
+        self._in_flight -= 1
+        t.last_seen = max(t.last_seen, now)
+
+    def below_share(self, tenant: str, room: int, now: float, queued: Callable[[str], int]) -> bool:
+        """May `tenant` take one of the pool's reserved slots? (`room` >= 0: what the pool can take
+        now; `queued(name)`: that tenant's requests waiting in the pool's queue.) O(tenants seen
+        within the window or still holding requests); forgets the others on the way."""
+        me = self._tenants.get(tenant)
+        if me is None:
+            return True  # never seen: holds nothing
+        total_weight = 0.0
+        gone: list[str] = []
+        horizon = now - self.window_s
+        for name, t in self._tenants.items():
+            if t.in_flight > 0 or t.last_seen >= horizon or queued(name) > 0 or name == tenant:
+                total_weight += t.weight
+            else:
+                gone.append(name)
+        for name in gone:
+            del self._tenants[name]
+        capacity = self._in_flight + room
+        return me.in_flight < capacity * me.weight / total_weight
