@@ -46,3 +46,23 @@ def test_completions_endpoint() -> None:
 def test_rejects_bad_jitter(jitter: float) -> None:
     with pytest.raises(ValueError):
         RandomWorkload(requests=1, prompt_tokens=5, output_tokens=5, model="m", length_jitter=jitter)
+    with pytest.raises(ValueError):
+        RandomWorkload(requests=1, prompt_tokens=5, output_tokens=5, model="m", output_jitter=jitter)
+
+
+def test_output_jitter_spreads_output_caps_around_the_mean() -> None:
+    def make(j: float) -> list:
+        return list(
+            RandomWorkload(requests=300, prompt_tokens=40, output_tokens=64, model="m", seed=3,
+                           length_jitter=0.25, output_jitter=j).requests()
+        )  # fmt: skip
+
+    fixed, spread = make(0.0), make(0.5)
+    caps = [s.body["max_tokens"] for s in spread]
+    assert {s.body["max_tokens"] for s in fixed} == {64}
+    assert min(caps) >= 32 and max(caps) <= 96 and max(caps) - min(caps) > 40
+    assert 58 <= sum(caps) / len(caps) <= 70  # the mean stays near output_tokens
+    assert make(0.5) == spread  # seeded
+    assert RandomWorkload(requests=1, prompt_tokens=5, output_tokens=5, model="m").describe()[
+        "output_jitter"
+    ] == 0.0
