@@ -1,21 +1,24 @@
 """Noisy neighbour, measured: how much a tenant offering ten times its fair share slows another.
 
     python -m loadtests.noisy_bench [--repeats 2] [--b-requests 40] [--slots 16]
-        [--b-prompt-tokens 1024] [--no-flow-control] [--out FILE.json]
+        [--b-prompt-tokens 1024] [--output-jitter J] [--reserve R] [--no-flow-control]
+        [--out FILE.json]
 
 A simulated fleet (`kvgate sim`, 2 x llama-3-8b-h100 with 2,048 KV blocks, time scale 5, pinned
 apart as `kvgate bench` pins it) behind one `kvgate serve` with two tenants, A and B, of equal
 weight and band and no rate limits: what protects B is flow control alone (the saturation detector,
 the fair queue, deadlines and shedding). Random 1,024-token prompts (nothing cached), 64 output
-tokens.
+tokens (`--output-jitter J`: uniform in 64 x [1 - J, 1 + J]).
 
 1. Capacity: A alone, closed loop at the fleet's slots (2 x `--slots`), gives X requests/s.
 2. Solo: B alone, open loop at half its fair share (X / 4), `--b-requests` requests.
 3. Contended: the same B load, and A open loop at ten times its fair share (5 X): far beyond the
    fleet, so A's requests queue at the gateway and are refused with Retry-After.
 
-`--slots` is the saturation threshold (in-flight requests per replica); `--no-flow-control` turns
-the gateway's queue off, the reference for what fair queuing and shedding buy.
+`--slots` is the saturation threshold (in-flight requests per replica); `--reserve` the slots per
+replica kept for tenants below their fair share (`flow_control.fair_share.reserve_per_replica`;
+0 = plain work-conserving fair queuing); `--no-flow-control` turns the gateway's queue off, the
+reference for what fair queuing and shedding buy.
 
 Reported per repeat: B's TTFT p50/p95/p99 solo and contended, the p95 ratio (issue #4 asks for
 <= 2x), B's and A's statuses, and A's goodput. Latencies are simulated seconds
@@ -48,7 +51,10 @@ MODEL = "llama-3-8b"
 KEYS = {"A": "noisy-bench-key-a", "B": "noisy-bench-key-b"}
 
 
-def gateway_config(urls: list[str], slots: int, flow_control: bool = True) -> dict[str, Any]:
+def gateway_config(
+    urls: list[str], slots: int, flow_control: bool = True, reserve: int | None = None
+) -> dict[str, Any]:
+    fair_share = {} if reserve is None else {"fair_share": {"reserve_per_replica": reserve}}
     return {
         "server": {"host": "127.0.0.1", "port": free_port(), "log_level": "warning"},
         "replicas": [{"url": u, "model": MODEL, "name": f"r{i}"} for i, u in enumerate(urls)],
@@ -58,6 +64,7 @@ def gateway_config(urls: list[str], slots: int, flow_control: bool = True) -> di
             "saturation": {"max_in_flight_per_replica": slots, "max_waiting_per_replica": 4},
             "max_queue_per_tenant": 4 * slots,
             "bands": {"standard": {"max_wait_s": 2.0 * TIME_SCALE}},
+            **fair_share,
         },
     }
 
@@ -111,37 +118,71 @@ def engine_means(before: dict[str, float], after: dict[str, float]) -> dict[str,
     return means
 
 
-def workload(n: int, seed: int, prompt_tokens: int = 1024) -> list[Any]:
+async def tenant_queue(gateway_url: str, tenant: str) -> dict[str, float]:
+    """The gateway's own count of `tenant`'s admissions by path and its queue-wait sum and count
+    (wall seconds), to tell B's wait at kvgate from its wait inside the replicas."""
+    out = {"direct": 0.0, "queued": 0.0, "wait_sum": 0.0, "wait_count": 0.0}
+    async with aiohttp.ClientSession() as session, session.get(gateway_url.rstrip("/") + "/metrics") as resp:
+        text = await resp.text()
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.labels.get("tenant") != tenant:
+                continue
+            if sample.name == "kvgate_admissions_total":
+                out[sample.labels["path"]] += sample.value
+            elif sample.labels.get("outcome") == "dispatched":
+                if sample.name == "kvgate_queue_wait_seconds_sum":
+                    out["wait_sum"] += sample.value
+                elif sample.name == "kvgate_queue_wait_seconds_count":
+                    out["wait_count"] += sample.value
+    return out
+
+
+def queue_share(before: dict[str, float], after: dict[str, float]) -> dict[str, float | None]:
+    """Between two `tenant_queue` reads: the share of admissions that waited in the queue, and their
+    mean wait in simulated seconds."""
+    d = {k: after[k] - before[k] for k in before}
+    admitted = d["direct"] + d["queued"]
+    return {
+        "queued_share": d["queued"] / admitted if admitted else None,
+        "queue_wait_mean_s": d["wait_sum"] / d["wait_count"] / TIME_SCALE if d["wait_count"] else None,
+    }
+
+
+def workload(n: int, seed: int, prompt_tokens: int = 1024, output_jitter: float = 0.0) -> list[Any]:
     return list(
         RandomWorkload(
-            requests=n, prompt_tokens=prompt_tokens, output_tokens=64, model=MODEL, seed=seed
+            requests=n, prompt_tokens=prompt_tokens, output_tokens=64, model=MODEL, seed=seed,
+            output_jitter=output_jitter,
         ).requests()
-    )
+    )  # fmt: skip
 
 
 async def one_repeat(
-    url: str, replica_urls: list[str], slots: int, b_requests: int, b_prompt: int, seed: int
+    url: str, replica_urls: list[str], args: argparse.Namespace, seed: int
 ) -> dict[str, Any]:
+    slots, b_requests, b_prompt = args.slots, args.b_requests, args.b_prompt_tokens
+    oj = args.output_jitter
     auth = {name: {"authorization": f"Bearer {key}"} for name, key in KEYS.items()}
     cap_n = 6 * slots
-    capacity = await run_load(
-        url, workload(cap_n, seed), LoadConfig(concurrency=2 * slots, max_requests=cap_n, headers=auth["A"])
-    )
+    cap_cfg = LoadConfig(concurrency=2 * slots, max_requests=cap_n, headers=auth["A"])
+    capacity = await run_load(url, workload(cap_n, seed, output_jitter=oj), cap_cfg)
     x = describe(capacity)["ok_per_s"]  # simulated requests/s
     b_rate, a_rate = x / 4, 5 * x
     b_cfg = LoadConfig(rate=b_rate / TIME_SCALE, max_requests=b_requests, duration_s=1e6, headers=auth["B"])
-    solo = await run_load(url, workload(b_requests, seed + 1, b_prompt), b_cfg)
+    solo = await run_load(url, workload(b_requests, seed + 1, b_prompt, oj), b_cfg)
     b_window_wall = b_requests / (b_rate / TIME_SCALE)
     a_n = int(a_rate / TIME_SCALE * b_window_wall * 1.2)
     a_cfg = LoadConfig(
         rate=a_rate / TIME_SCALE, max_requests=a_n, duration_s=b_window_wall * 1.1, headers=auth["A"]
     )
-    before = await engine_sums(replica_urls)
+    before, b_before = await engine_sums(replica_urls), await tenant_queue(url, "B")
     noisy, contended = await asyncio.gather(
-        run_load(url, workload(a_n, seed + 2), a_cfg),
-        run_load(url, workload(b_requests, seed + 3, b_prompt), b_cfg),
+        run_load(url, workload(a_n, seed + 2, output_jitter=oj), a_cfg),
+        run_load(url, workload(b_requests, seed + 3, b_prompt, oj), b_cfg),
     )
     engine = engine_means(before, await engine_sums(replica_urls))
+    b_queue = queue_share(b_before, await tenant_queue(url, "B"))
     s, c = describe(solo), describe(contended)
     ratio = c["ttft_p95_s"] / s["ttft_p95_s"] if s["ttft_p95_s"] and c["ttft_p95_s"] else None
     return {
@@ -153,6 +194,7 @@ async def one_repeat(
         "b_p95_ratio": ratio,
         "a": describe(noisy),
         "engine_contended": engine,
+        "b_queue_contended": b_queue,
     }
 
 
@@ -161,7 +203,7 @@ def fmt(v: float | None, unit: float = 1.0) -> str:
 
 
 def report(k: int, r: dict[str, Any]) -> str:
-    s, c, a, e = r["b_solo"], r["b_contended"], r["a"], r["engine_contended"]
+    s, c, a, e, bq = r["b_solo"], r["b_contended"], r["a"], r["engine_contended"], r["b_queue_contended"]
 
     def ms(d: dict[str, Any]) -> str:
         return "/".join(fmt(d[f"ttft_{q}_s"], 1e3) for q in ("p50", "p95", "p99"))
@@ -174,7 +216,9 @@ def report(k: int, r: dict[str, Any]) -> str:
         f"  A: {a['requests']} requests, statuses {a['statuses']}, served {a['ok_per_s']:.1f} req/s, "
         f"TTFT p50 {fmt(a['ttft_p50_s'], 1e3)} ms\n"
         f"  engines while contended (A and B): mean TTFT {fmt(e['time_to_first_token_mean_s'], 1e3)} ms, "
-        f"mean queue time {fmt(e['request_queue_time_mean_s'], 1e3)} ms"
+        f"mean queue time {fmt(e['request_queue_time_mean_s'], 1e3)} ms\n"
+        f"  B at kvgate while contended: {fmt(bq['queued_share'], 100)}% of its requests queued, "
+        f"mean wait {fmt(bq['queue_wait_mean_s'], 1e3)} ms"
     )
 
 
@@ -189,12 +233,10 @@ async def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     with tempfile.TemporaryDirectory(prefix="kvgate-noisy-") as tmp:
         logs = Path(tmp)
         with SimFleetProcess(sim_args, 2, layout.sim_cpus, logs / "sim.log") as sim:
-            cfg = gateway_config(sim.urls, args.slots, flow_control=not args.no_flow_control)
+            cfg = gateway_config(sim.urls, args.slots, not args.no_flow_control, args.reserve)
             async with GatewayProcess(cfg, logs / "gateway.yaml", layout.gateway_cpus, logs / "gw.log") as gw:
                 for k in range(args.repeats):
-                    r = await one_repeat(
-                        gw.url, sim.urls, args.slots, args.b_requests, args.b_prompt_tokens, 100 * k
-                    )
+                    r = await one_repeat(gw.url, sim.urls, args, 100 * k)
                     out.append(r)
                     print(report(k, out[-1]), flush=True)
     return out
@@ -210,6 +252,13 @@ def main(argv: list[str] | None = None) -> int:
         "--no-flow-control",
         action="store_true",
         help="flow control off: the reference of what the fair queue and shedding buy",
+    )
+    p.add_argument(
+        "--output-jitter", type=float, default=0.0,
+        help="output lengths uniform in 64 x [1 - J, 1 + J] (default 0: all 64, finishing in lockstep)",
+    )  # fmt: skip
+    p.add_argument(
+        "--reserve", type=int, help="flow_control.fair_share.reserve_per_replica (default: kvgate's)"
     )
     p.add_argument("--out", help="write the figures as JSON")
     p.add_argument("--no-pin", action="store_true")

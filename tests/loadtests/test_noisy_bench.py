@@ -65,3 +65,12 @@ def test_engine_means_over_the_requests_finished_between_two_scrapes() -> None:
     means = noisy_bench.engine_means(before, after)
     assert means["time_to_first_token_mean_s"] == pytest.approx(0.4)  # 4 s over 10 new requests
     assert means["request_queue_time_mean_s"] is None  # nothing new finished
+
+
+def test_queue_share_over_the_admissions_between_two_reads() -> None:
+    before = {"direct": 10.0, "queued": 0.0, "wait_sum": 0.0, "wait_count": 0.0}
+    after = {"direct": 12.0, "queued": 6.0, "wait_sum": 3.0 * noisy_bench.TIME_SCALE, "wait_count": 6.0}
+    q = noisy_bench.queue_share(before, after)
+    assert q["queued_share"] == pytest.approx(0.75)  # 6 of the 8 new admissions waited
+    assert q["queue_wait_mean_s"] == pytest.approx(0.5)  # 3 simulated seconds over 6
+    assert noisy_bench.queue_share(before, before) == {"queued_share": None, "queue_wait_mean_s": None}
