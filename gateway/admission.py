@@ -19,11 +19,12 @@ that finished, and never more than `max_in_flight_per_replica` at once. A pool w
 replica at all is not "saturated" but down: requests are not held for it (routing answers 503 at
 once instead of after a queue timeout).
 
-Fair-share reserve (policies/fair_share). The pool's last `reserve_per_replica` x healthy replicas
-of room go only to tenants below their fair share of the pool's requests in flight: the queue's
-next item among those tenants, while the others wait. So a tenant flooding the pool cannot take every
-slot, and a lighter tenant's request starts the moment it arrives instead of waiting for a slot to
-free. With one active tenant the reserve is no constraint.
+Fair-share reserve (policies/fair_share). The pool's last `reserve_per_replica` (at most half of
+`max_in_flight_per_replica`) x healthy replicas of room go only to tenants below their fair share of
+the pool's requests in flight: the queue's next item among those tenants, while the others wait. So
+a tenant flooding the pool cannot take every slot, and a lighter tenant's request starts the moment
+it arrives instead of waiting for a slot to free. With one active tenant the reserve is no
+constraint.
 
 A request starts at once when its pool's queue is empty and there is room (beyond the reserve, or
 inside it for a tenant below its share). Otherwise it waits in the
@@ -245,7 +246,8 @@ class AdmissionQueue:
         return room if healthy else _DOWN
 
     def _reserve(self, p: _Pool) -> int:
-        per = self._cfg.fair_share.reserve_per_replica
+        # Never more than half a replica's slots: the reserve is slack, not a partition.
+        per = min(self._cfg.fair_share.reserve_per_replica, self._thr.max_in_flight_per_replica // 2)
         if not per:
             return 0
         replicas = self._fleet.snapshot().replicas

@@ -195,7 +195,7 @@ class SaturationConfig(_Strict):
 class FairShareConfig(_Strict):
     """The slots kept for tenants below their fair share (policies/fair_share)."""
 
-    reserve_per_replica: int = Field(1, ge=0)  # per healthy replica of the pool; 0 = off
+    reserve_per_replica: int = Field(2, ge=0)  # per healthy replica of the pool; 0 = off
     active_window_s: float = Field(10.0, ge=0, allow_inf_nan=False)  # a tenant stays active this long
 
 

@@ -270,6 +270,7 @@ def test_metrics_families() -> None:
 # --- the fair-share reserve ----------------------------------------------------------------------
 
 RESERVE_POOL = {"max_in_flight_per_replica": 4, "max_waiting_per_replica": 10}  # 2 replicas: 8 slots
+ONE_EACH = {"reserve_per_replica": 1}  # 2 slots of the 8 reserved
 
 
 async def flood(h: Harness, tenant: str, n: int) -> list[asyncio.Task[str]]:
@@ -279,7 +280,7 @@ async def flood(h: Harness, tenant: str, n: int) -> list[asyncio.Task[str]]:
 
 
 async def test_a_tenant_alone_fills_the_whole_pool_reserve_included() -> None:
-    h = Harness(replicas=2, saturation=RESERVE_POOL)
+    h = Harness(replicas=2, saturation=RESERVE_POOL, fair_share=ONE_EACH)
     tasks = await flood(h, "heavy", 10)
     assert len(h.started) == 8 and h.adm.depth == 2  # the reserve (1 per replica) is no limit alone
     for t in tasks:
@@ -288,7 +289,7 @@ async def test_a_tenant_alone_fills_the_whole_pool_reserve_included() -> None:
 
 
 async def test_a_light_tenant_starts_at_once_beside_a_flood() -> None:
-    h = Harness(replicas=2, saturation=RESERVE_POOL)
+    h = Harness(replicas=2, saturation=RESERVE_POOL, fair_share=ONE_EACH)
     await h.request("light-early", tenant="light")  # the light tenant is active
     h.finish("a")
     tasks = await flood(h, "heavy", 12)
@@ -312,7 +313,7 @@ async def test_a_light_tenant_starts_at_once_beside_a_flood() -> None:
 
 
 async def test_the_reserve_returns_to_the_heavy_tenant_when_the_light_one_goes_quiet() -> None:
-    h = Harness(replicas=2, saturation=RESERVE_POOL, fair_share={"active_window_s": 5.0})
+    h = Harness(replicas=2, saturation=RESERVE_POOL, fair_share={**ONE_EACH, "active_window_s": 5.0})
     await h.request("light", tenant="light")
     h.finish("a")
     tasks = await flood(h, "heavy", 12)
@@ -328,7 +329,11 @@ async def test_the_reserve_returns_to_the_heavy_tenant_when_the_light_one_goes_q
 
 
 async def test_a_light_request_queued_behind_the_flood_takes_a_reserved_slot() -> None:
-    h = Harness(replicas=2, saturation={"max_in_flight_per_replica": 2, "max_waiting_per_replica": 10})
+    h = Harness(
+        replicas=2,
+        saturation={"max_in_flight_per_replica": 2, "max_waiting_per_replica": 10},
+        fair_share=ONE_EACH,
+    )
     tasks = await flood(h, "heavy", 6)  # alone: all 4 slots, 2 waiting
     light = h.spawn(h.request("light", tenant="light"))  # queued: the pool is full
     await settle_loop()
@@ -360,3 +365,16 @@ async def test_reserve_zero_is_plain_work_conserving_fair_queuing() -> None:
     for t in [*tasks, light]:
         t.cancel()
     await asyncio.gather(*tasks, light, return_exceptions=True)
+
+
+async def test_the_reserve_is_at_most_half_a_replicas_slots() -> None:
+    # 2 slots per replica and reserve_per_replica 2: capped to 1 of the 2.
+    h = Harness(saturation={"max_in_flight_per_replica": 2, "max_waiting_per_replica": 10})
+    await h.request("light", tenant="light")
+    h.finish("a")
+    tasks = await flood(h, "heavy", 3)
+    assert h.started == ["light", "heavy0"]  # heavy holds 1 of 2: its share; the other is reserved
+    assert await asyncio.wait_for(h.request("light-2", tenant="light"), 1.0) == "queued"
+    for t in tasks:
+        t.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
