@@ -27,11 +27,11 @@ it arrives instead of waiting for a slot to free. With one active tenant the res
 constraint.
 
 A request starts at once when its pool's queue is empty and there is room (beyond the reserve, or
-inside it for a tenant below its share). Otherwise it waits in the
-queue (its band's `max_wait_s`; a band with 0, `sheddable` by default, is refused at once) until a
-capacity event releases it: a replica's fresh scrape, a finished request (FleetChange.RELEASED), a
-health change. A waiter that is cancelled (the client left) leaves the queue; if it had just been
-released, its slot is passed on to the next waiter.
+inside it for a tenant below its share). Otherwise it waits in the queue (its band's `max_wait_s`;
+a band with 0, `sheddable` by default, is refused at once) until a capacity event releases it: a
+replica's fresh scrape, a finished request (FleetChange.RELEASED), a health change. A waiter that
+is cancelled (the client left) leaves the queue; if it had just been released, its slot is passed on
+to the next waiter.
 
 Single event loop; nothing here blocks. Listeners and `enter` never call back into FleetState writers.
 """
