@@ -186,6 +186,10 @@ class AdmissionQueue:
         if p.queue:
             self._drain(p, now)
 
+    def in_flight_of(self, tenant: str) -> int:
+        """Requests of `tenant` let through and not yet `leave`-d, all pools together."""
+        return sum(p.share.in_flight_of(tenant) for p in self._pools.values())
+
     def depth_of(self, tenant: str) -> int:
         """Requests of `tenant` waiting, all pools together."""
         return sum(p.queue.depth_of(tenant) for p in self._pools.values())

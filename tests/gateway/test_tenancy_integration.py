@@ -209,6 +209,7 @@ async def test_200_concurrent_requests_hold_the_tpm_limit_and_settle_to_the_real
             await asyncio.gather(*tasks)
         gw = s.gateway
         await wait_for(lambda: gw.tenancy.summary(gw.tenancy.find("acme"))["in_flight"] == 0)
+        assert gw.tenancy.admission is not None and gw.tenancy.admission.in_flight_of("acme") == 0
         elapsed = time.monotonic() - started
         admitted = statuses.count(200)
         assert statuses.count(429) == 200 - admitted
@@ -306,6 +307,8 @@ async def test_a_client_leaving_the_queue_and_a_request_refused_after_admission_
         r = await s.client.post("/v1/chat/completions", json=chat("anyone?"), headers=auth("acme"))
         assert r.status_code in (502, 503) and "x-ratelimit-limit-tokens" in r.headers
         await wait_for(lambda: s.gateway.tenancy.summary(s.gateway.tenancy.find("acme"))["in_flight"] == 0)
+        admission = s.gateway.tenancy.admission
+        assert admission is not None and admission.in_flight_of("acme") == 0  # the fair share too
         req_after, tok_after = await levels()
         assert req_before <= req_after <= req_before + 1 and tok_before <= tok_after <= tok_before + 1
         used = (await s.client.get("/admin/tenants/acme", headers=admin)).json()["used"]
