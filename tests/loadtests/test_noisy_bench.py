@@ -32,6 +32,9 @@ def test_the_gateway_config_is_valid_and_protects_by_flow_control_alone() -> Non
     assert cfg.flow_control.enabled and cfg.flow_control.saturation.max_in_flight_per_replica == 16
     off = parse_config(noisy_bench.gateway_config(["http://127.0.0.1:1"], slots=16, flow_control=False))
     assert not off.flow_control.enabled
+    none = parse_config(noisy_bench.gateway_config(["http://127.0.0.1:1"], slots=16, reserve=0))
+    assert none.flow_control.fair_share.reserve_per_replica == 0
+    assert cfg.flow_control.fair_share == type(cfg.flow_control.fair_share)()  # kvgate's default
 
 
 def test_describe_reports_simulated_ttfts_of_successful_requests_only() -> None:
