@@ -24,7 +24,7 @@ Fair-share reserve (policies/fair_share). The pool's last `reserve_per_replica` 
 the pool's requests in flight: the queue's next item among those tenants, while the others wait. So
 a tenant flooding the pool cannot take every slot, and a lighter tenant's request starts the moment
 it arrives instead of waiting for a slot to free. With one active tenant the reserve is no
-constraint.
+constraint, and `critical` requests are never held back by it (priority between bands stays strict).
 
 A request starts at once when its pool's queue is empty and there is room (beyond the reserve, or
 inside it for a tenant below its share). Otherwise it waits in the queue (its band's `max_wait_s`;
@@ -136,7 +136,10 @@ class AdmissionQueue:
         if not p.queue:
             reserve = self._reserve(p)
             room = self._room(p, now, reserve + 1)
-            if room > reserve or (room > 0 and p.share.below_share(tenant, room, now, p.queue.depth_of)):
+            if room > reserve or (
+                room > 0
+                and (band is Band.CRITICAL or p.share.below_share(tenant, room, now, p.queue.depth_of))
+            ):
                 p.share.started(tenant, weight, now)
                 return "direct"
         max_wait = self._max_wait[band]
@@ -271,7 +274,10 @@ class AdmissionQueue:
             return share.below_share(tenant, room, now, q.depth_of)
 
         while room > 0:
-            item = q.pop() if room > reserve else q.pop(eligible=below_share)
+            if room > reserve or ((head := q.peek()) is not None and head.band is Band.CRITICAL):
+                item = q.pop()  # priority between bands stays strict: critical is never held back
+            else:
+                item = q.pop(eligible=below_share)
             if item is None:
                 return
             self._depth -= 1

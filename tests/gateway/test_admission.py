@@ -378,3 +378,24 @@ async def test_the_reserve_is_at_most_half_a_replicas_slots() -> None:
     for t in tasks:
         t.cancel()
     await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def test_critical_requests_are_not_held_back_by_the_reserve() -> None:
+    h = Harness(replicas=2, saturation=RESERVE_POOL, fair_share=ONE_EACH)
+    await h.request("light", tenant="light")
+    h.finish("a")
+    tasks = await flood(h, "heavy", 6)
+    assert len(h.started) == 7  # heavy stopped at its share: 2 slots reserved
+    # Heavy's critical request takes a reserved slot at once, above its share.
+    assert await asyncio.wait_for(h.request("crit", tenant="heavy", band=Band.CRITICAL), 1.0) == "direct"
+    # And one queued behind a full pool goes first when a slot frees, reserve or not.
+    await h.request("light-2", tenant="light")
+    crit = h.spawn(h.request("crit-2", tenant="heavy", band=Band.CRITICAL))
+    await settle_loop()
+    assert "crit-2" not in h.started
+    h.finish("b")
+    await settle_loop()
+    assert h.started[-1] == "crit-2"
+    for t in [*tasks, crit]:
+        t.cancel()
+    await asyncio.gather(*tasks, crit, return_exceptions=True)
