@@ -269,15 +269,11 @@ class AdmissionQueue:
         if not reserve_too:
             room -= reserve
             reserve = 0
-
-        def below_share(tenant: str) -> bool:
-            return share.below_share(tenant, room, now, q.depth_of)
-
         while room > 0:
             if room > reserve or ((head := q.peek()) is not None and head.band is Band.CRITICAL):
                 item = q.pop()  # priority between bands stays strict: critical is never held back
             else:
-                item = q.pop(eligible=below_share)
+                item = q.pop(eligible=share.eligibility(room, now, q.depth_of))
             if item is None:
                 return
             self._depth -= 1

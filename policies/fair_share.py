@@ -82,21 +82,30 @@ class FairShare:
         t.last_seen = max(t.last_seen, now)
 
     def below_share(self, tenant: str, room: int, now: float, queued: Callable[[str], int]) -> bool:
-        """May `tenant` take one of the pool's reserved slots? (`room` >= 0: what the pool can take
-        now; `queued(name)`: that tenant's requests waiting in the pool's queue.) O(tenants seen
-        within the window or still holding requests); forgets the others on the way."""
-        me = self._tenants.get(tenant)
-        if me is None:
-            return True  # never seen: holds nothing
+        """May `tenant` take one of the pool's reserved slots? (`room` >= 1: what the pool can take
+        now; `queued(name)`: that tenant's requests waiting in the pool's queue.)"""
+        return self.eligibility(room, now, queued)(tenant)
+
+    def eligibility(self, room: int, now: float, queued: Callable[[str], int]) -> Callable[[str], bool]:
+        """`below_share` for many tenants at one moment: the active weights are summed once, O(tenants
+        seen within the window or still holding requests), forgetting the others on the way; each
+        call of the result is O(1)."""
         total_weight = 0.0
         gone: list[str] = []
         horizon = now - self.window_s
         for name, t in self._tenants.items():
-            if t.in_flight > 0 or t.last_seen >= horizon or queued(name) > 0 or name == tenant:
+            if t.in_flight > 0 or t.last_seen >= horizon or queued(name) > 0:
                 total_weight += t.weight
             else:
-                gone.append(name)
+                gone.append(name)  # holds nothing and is not active: asking about it gives True
         for name in gone:
             del self._tenants[name]
         capacity = self._in_flight + room
-        return me.in_flight < capacity * me.weight / total_weight
+        tenants = self._tenants
+
+        def below(tenant: str) -> bool:
+            me = tenants.get(tenant)
+            # Never seen (or forgotten): holds nothing. Otherwise it counts among the active ones.
+            return me is None or me.in_flight < capacity * me.weight / total_weight
+
+        return below

@@ -99,3 +99,47 @@ def test_in_flight_counts_follow_starts_and_ends(ops: list[tuple[int, bool]], ro
     active = [t for t in range(4) if held[t] or any(o[0] == t for o in ops)]
     if active and room > 0:
         assert any(fs.below_share(f"t{t}", room, 0.0, none_queued) for t in active)
+
+
+@given(
+    st.lists(st.tuples(st.integers(0, 5), st.booleans(), st.integers(0, 30)), max_size=120),
+    st.integers(1, 6),  # callers ask only while the pool has room
+    st.integers(30, 40),
+)
+def test_eligibility_matches_the_rule_worked_out_from_scratch(
+    ops: list[tuple[int, bool, int]], room: int, now: int
+) -> None:
+    """The rule of the module docstring, recomputed here from the raw events, for every tenant."""
+    window = 5.0
+    fs = FairShare(window_s=window)
+    held: dict[str, int] = {}
+    last: dict[str, float] = {}
+    weight = {f"t{t}": 1.0 + t % 3 for t in range(7)}
+    for t, start, at in ops:
+        name = f"t{t}"
+        if start:
+            fs.started(name, weight[name], now=float(at))
+            held[name] = held.get(name, 0) + 1
+            last[name] = max(last.get(name, float(at)), float(at))
+        else:
+            fs.ended(name, now=float(at))
+            if held.get(name, 0) > 0:
+                held[name] -= 1
+                last[name] = max(last[name], float(at))
+
+    def queued(name: str) -> int:
+        return 1 if name == "t5" else 0
+
+    seen = set(last)
+    below = fs.eligibility(room, float(now), queued)
+    for t in range(7):
+        name = f"t{t}"
+        if name not in seen:
+            assert below(name)
+            continue
+        active = {
+            n for n in seen if held.get(n, 0) > 0 or last[n] >= now - window or queued(n) > 0 or n == name
+        }
+        capacity = sum(held.values()) + room
+        expected = held.get(name, 0) < capacity * weight[name] / sum(weight[n] for n in active)
+        assert below(name) == expected, (name, held, last)
