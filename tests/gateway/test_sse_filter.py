@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gateway.sse_filter import SseFilter
+from tests.vllm_fixtures import VLLM_FIXTURES
 
-FIXTURES = Path(__file__).resolve().parents[3] / "shared" / "fixtures" / "vllm-0.32-cpu"
+FIXTURES = VLLM_FIXTURES
 
 
 def load(name: str) -> bytes:

@@ -17,8 +17,9 @@ from loadtests.measures import (
     summarize,
 )
 from loadtests.slo import Slo
+from tests.vllm_fixtures import VLLM_FIXTURES
 
-FIXTURES = "/work/shared/fixtures/vllm-0.32-cpu"
+FIXTURES = str(VLLM_FIXTURES)
 
 
 def trace(

@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 
 from loadtests.sse_stream import SseStream, error_message
+from tests.vllm_fixtures import VLLM_FIXTURES
 
-FIXTURES = "/work/shared/fixtures/vllm-0.32-cpu"
+FIXTURES = str(VLLM_FIXTURES)
 
 
 def read(name: str) -> bytes:

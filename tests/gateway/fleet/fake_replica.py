@@ -12,7 +12,6 @@ import collections
 import contextlib
 import socket
 from collections.abc import Generator
-from pathlib import Path
 from types import TracebackType
 
 import uvicorn
@@ -22,7 +21,9 @@ from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import ASGIApp
 
-FIXTURES = Path(__file__).resolve().parents[4] / "shared" / "fixtures" / "vllm-0.32-cpu"
+from tests.vllm_fixtures import VLLM_FIXTURES
+
+FIXTURES = VLLM_FIXTURES
 LORA_PAGE = (FIXTURES / "metrics_lora_under_load.txt").read_text()
 MODELS_BODY = (FIXTURES / "models_with_adapters.json").read_bytes()
 

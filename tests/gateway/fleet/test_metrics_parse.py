@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -16,8 +15,9 @@ from gateway.fleet.metrics_parse import (
     parse_metrics,
     prefilter,
 )
+from tests.vllm_fixtures import VLLM_FIXTURES
 
-FIXTURES = Path(__file__).resolve().parents[4] / "shared" / "fixtures" / "vllm-0.32-cpu"
+FIXTURES = VLLM_FIXTURES
 LORA_PAGE = (FIXTURES / "metrics_lora_under_load.txt").read_text()
 IDLE_PAGE = (FIXTURES / "metrics.txt").read_text()
 

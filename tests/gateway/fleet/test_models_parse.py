@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import orjson
 import pytest
@@ -11,8 +10,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gateway.fleet.models_parse import ModelsParseError, ServedModels, parse_models
+from tests.vllm_fixtures import VLLM_FIXTURES
 
-FIXTURES = Path(__file__).resolve().parents[4] / "shared" / "fixtures" / "vllm-0.32-cpu"
+FIXTURES = VLLM_FIXTURES
 
 
 def test_real_capture_with_two_adapters() -> None:

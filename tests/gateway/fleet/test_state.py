@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from gateway.config import FleetConfig, ReplicaConfig
 from gateway.fleet.metrics_parse import ReplicaMetrics, parse_metrics
 from gateway.fleet.models_parse import ServedModels, parse_models
 from gateway.fleet.state import FleetChange, FleetState
+from tests.vllm_fixtures import VLLM_FIXTURES
 
-FIXTURES = Path(__file__).resolve().parents[4] / "shared" / "fixtures" / "vllm-0.32-cpu"
+FIXTURES = VLLM_FIXTURES
 FLEET = FleetConfig(eject_after_failures=2, eject_backoff_s=1.0, eject_backoff_max_s=8.0, stale_after_s=1.0)
 REPLICAS = (
     ReplicaConfig(url="http://10.0.0.1:8000", model="tiny-llama"),

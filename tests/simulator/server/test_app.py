@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from pathlib import Path
 
 import httpx
 import orjson
@@ -11,8 +10,9 @@ import pytest
 
 from simulator.fleet import SimFleet
 from tests.simulator.scrape import scrape, value
+from tests.vllm_fixtures import VLLM_FIXTURES
 
-FIXTURES = Path(__file__).resolve().parents[4] / "shared" / "fixtures" / "vllm-0.32-cpu"
+FIXTURES = VLLM_FIXTURES
 
 
 @pytest.fixture

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
 from simulator.server.metrics import ReplicaMetrics
+from tests.vllm_fixtures import VLLM_FIXTURES
 
-FIXTURES = Path(__file__).resolve().parents[4] / "shared" / "fixtures" / "vllm-0.32-cpu"
+FIXTURES = VLLM_FIXTURES
 HISTOGRAMS = ("vllm:time_to_first_token_seconds", "vllm:inter_token_latency_seconds",
               "vllm:e2e_request_latency_seconds", "vllm:request_queue_time_seconds")
 

@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import orjson
 import pytest
 
 from simulator.server.sse import DONE, ChunkTemplates, PieceCache, error_chunk
+from tests.vllm_fixtures import VLLM_FIXTURES
 
-FIXTURES = Path(__file__).resolve().parents[4] / "shared" / "fixtures" / "vllm-0.32-cpu"
+FIXTURES = VLLM_FIXTURES
 
 
 def events(raw: bytes) -> list[bytes]:
