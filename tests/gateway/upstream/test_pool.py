@@ -6,56 +6,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
 
 from gateway.upstream import BrokenError, ConnectError, UpstreamPool
 from gateway.upstream.connection import HIGH_WATER
-
-Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
-
-
-@contextlib.asynccontextmanager
-async def server(handler: Handler) -> AsyncIterator[tuple[str, list[int]]]:
-    """A loopback server; yields its URL and a list that counts accepted connections."""
-    accepted: list[int] = []
-
-    async def wrapped(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
-        accepted.append(1)
-        try:
-            await handler(r, w)
-        except (ConnectionError, asyncio.IncompleteReadError):
-            pass
-        finally:
-            w.close()
-
-    srv = await asyncio.start_server(wrapped, "127.0.0.1", 0)
-    port = srv.sockets[0].getsockname()[1]
-    try:
-        yield f"http://127.0.0.1:{port}", accepted
-    finally:
-        srv.close()
-
-
-async def read_request(r: asyncio.StreamReader) -> bytes:
-    head = await r.readuntil(b"\r\n\r\n")
-    length = 0
-    for line in head.split(b"\r\n"):
-        if line.lower().startswith(b"content-length:"):
-            length = int(line.split(b":")[1])
-    return await r.readexactly(length)
-
-
-def reply(body: bytes, extra: bytes = b"") -> bytes:
-    return (
-        b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n%s\r\n"
-        % (
-            len(body),
-            extra,
-        )
-        + body
-    )
+from tests.gateway.upstream.scripted import read_request, reply, server
 
 
 async def test_keep_alive_reuses_one_connection_and_echoes_bodies() -> None:
@@ -212,3 +168,4 @@ async def test_cancelling_a_read_closes_the_connection_on_the_server() -> None:
         resp.close()
         await asyncio.wait_for(server_saw_eof.wait(), 2)
         pool.close()
+
