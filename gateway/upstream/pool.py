@@ -3,7 +3,8 @@
 Idle connections are kept per replica (most recently used first) and dropped after `idle_s`, below
 uvicorn's default keep-alive of 5 s, so kvgate rarely writes into a connection the replica is closing.
 When that race is lost anyway — a reused connection ends before any response byte — the request is
-sent once more on a fresh connection: the replica never started on it.
+sent once more, on a NEW connection (never another idle one, which may be just as stale): the replica
+never started on the first. A failure there is the replica's, reported as it is.
 """
 
 from __future__ import annotations
@@ -108,7 +109,7 @@ class UpstreamPool:
 
     async def _send(self, origin: _Origin, request: bytes) -> UpstreamResponse:
         for attempt in (0, 1):
-            conn, reused = await self._acquire(origin)
+            conn, reused = await self._acquire(origin, fresh=attempt == 1)
             resp = UpstreamResponse(self, origin, conn)
             try:
                 conn.start(request)
@@ -116,7 +117,7 @@ class UpstreamPool:
                 return resp
             except BrokenError as err:
                 resp.close()
-                if reused and not err.got_response and attempt == 0:
+                if reused and not err.got_response:
                     continue  # a keep-alive connection the replica had just closed
                 raise
             except BaseException:
@@ -124,16 +125,19 @@ class UpstreamPool:
                 raise
         raise AssertionError("unreachable")
 
-    async def _acquire(self, o: _Origin) -> tuple[UpstreamConnection, bool]:
+    async def _acquire(self, o: _Origin, fresh: bool) -> tuple[UpstreamConnection, bool]:
+        """(connection, reused): the most recently used idle one that is still good, unless `fresh`,
+        else a new one."""
         loop = asyncio.get_running_loop()
-        now = loop.time()
-        while o.idle:
-            conn, since = o.idle.pop()
-            if conn.closed or now - since > self._idle_s:
-                conn.abort()
-                o.open -= 1
-                continue
-            return conn, True
+        if not fresh:
+            now = loop.time()
+            while o.idle:
+                conn, since = o.idle.pop()
+                if not conn.reusable() or now - since > self._idle_s:
+                    conn.abort()
+                    o.open -= 1
+                    continue
+                return conn, True
         o.open += 1
         try:
             async with asyncio.timeout(self._connect_timeout):

@@ -11,7 +11,7 @@ import pytest
 
 from gateway.upstream import BrokenError, ConnectError, UpstreamPool
 from gateway.upstream.connection import HIGH_WATER
-from tests.gateway.upstream.scripted import read_request, reply, server
+from tests.gateway.upstream.scripted import Handler, read_head, read_request, reply, server, until
 
 
 async def test_keep_alive_reuses_one_connection_and_echoes_bodies() -> None:
@@ -167,5 +167,83 @@ async def test_cancelling_a_read_closes_the_connection_on_the_server() -> None:
             await task
         resp.close()
         await asyncio.wait_for(server_saw_eof.wait(), 2)
+        pool.close()
+
+async def test_bytes_on_an_idle_pooled_connection_never_reach_the_next_request() -> None:
+    """A replica (or a proxy before it) writes a stray response on a kept-alive connection; the next
+    request, perhaps another tenant's, gets its own answer on a fresh connection."""
+    stray = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 9\r\n\r\n{\"x\": 13}"
+    released = asyncio.Event()
+
+    async def handler(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        while True:
+            body = await read_request(r)
+            w.write(reply(body))
+            await w.drain()
+            if not released.is_set():
+                await released.wait()
+                w.write(stray)
+                await w.drain()
+
+    async with server(handler) as (url, accepted):
+        pool = UpstreamPool(connect_timeout_s=1)
+        first = await pool.post(url, "/a", b'{"n": 1}')
+        assert await first.read() == b'{"n": 1}'
+        conn = first._conn
+        first.release()
+        released.set()
+        await until(lambda: bool(conn._body) or not conn.reusable())
+        second = await pool.post(url, "/a", b'{"n": 2}')
+        assert await second.read() == b'{"n": 2}'
+        second.release()
+        assert len(accepted) == 2
+        pool.close()
+
+
+async def test_bytes_past_a_response_are_dropped_with_the_connection() -> None:
+    stray = b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\nSTRAY"
+
+    async def handler(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        while True:
+            body = await read_request(r)
+            w.write(reply(body) + stray)
+            await w.drain()
+
+    async with server(handler) as (url, accepted):
+        pool = UpstreamPool(connect_timeout_s=1)
+        for i in range(2):
+            resp = await pool.post(url, "/a", b'{"n": %d}' % i)
+            assert await resp.read() == b'{"n": %d}' % i
+            resp.release()
+        assert len(accepted) == 2
+        pool.close()
+
+
+def one_answer_per_connection() -> Handler:
+    """Answers the first request on a connection; closes the connection, unanswered, when a second
+    request arrives on it (a server whose keep-alive timer fired just as the request came)."""
+
+    async def handler(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        body = await read_request(r)
+        w.write(reply(body))
+        await w.drain()
+        await read_head(r)
+        w.transport.abort()
+
+    return handler
+
+
+async def test_two_stale_keep_alive_connections_are_retried_on_a_new_one() -> None:
+    async with server(one_answer_per_connection()) as (url, accepted):
+        pool = UpstreamPool(connect_timeout_s=1)
+        both = await asyncio.gather(*(pool.post(url, "/a", b'{"n": %d}' % i) for i in range(2)))
+        for resp in both:
+            await resp.read()
+            resp.release()
+        assert len(accepted) == 2 and len(pool._origins[url].idle) == 2
+        resp = await pool.post(url, "/a", b'{"n": 3}')
+        assert resp.status == 200 and await resp.read() == b'{"n": 3}'
+        resp.release()
+        assert len(accepted) == 3  # the second try went to a new connection, not the other stale one
         pool.close()
 
