@@ -1,4 +1,5 @@
 """Background loops that keep `FleetState` fresh: `/metrics`, `/health` and `/v1/models` of every replica.
+(Under the path prefix of a replica URL that has one, as every request to it: see the upstream pool.)
 
 Three loops, one asyncio task each. A loop keeps a heap of per-replica due times: replicas start at
 evenly spread random phases and each next fetch is due `interval * U(0.9, 1.1)` later, so fetches
@@ -22,6 +23,7 @@ import asyncio
 import heapq
 import logging
 import random
+import ssl
 import time
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, replace
@@ -59,9 +61,10 @@ class ScrapeObserver(Protocol):
     def scrape_finished(self, replica: str, duration_s: float, error: str | None) -> None: ...
 
 
-def build_client(fleet: FleetConfig) -> UpstreamPool:
-    """The connection pool the scraper uses: its own, so scrapes never queue behind proxied streams."""
-    return UpstreamPool(connect_timeout_s=min(fleet.scrape_timeout_s, fleet.health_timeout_s))
+def build_client(fleet: FleetConfig, tls: ssl.SSLContext | None = None) -> UpstreamPool:
+    """The connection pool the scraper uses: its own, so scrapes never queue behind proxied streams.
+    `tls`: the context for https:// replicas, the same the proxying pool uses (None: the default)."""
+    return UpstreamPool(connect_timeout_s=min(fleet.scrape_timeout_s, fleet.health_timeout_s), tls=tls)
 
 
 def _failure_kind(err: BaseException) -> str:

@@ -6,12 +6,24 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
+import ssl
+from pathlib import Path
 
 import pytest
 
 from gateway.upstream import BrokenError, ConnectError, UpstreamPool
 from gateway.upstream.connection import HIGH_WATER
-from tests.gateway.upstream.scripted import Handler, read_head, read_request, reply, server, until
+from tests.gateway.upstream.scripted import (
+    Handler,
+    content_length,
+    read_head,
+    read_request,
+    reply,
+    self_signed,
+    server,
+    until,
+)
 
 
 async def test_keep_alive_reuses_one_connection_and_echoes_bodies() -> None:
@@ -169,6 +181,7 @@ async def test_cancelling_a_read_closes_the_connection_on_the_server() -> None:
         await asyncio.wait_for(server_saw_eof.wait(), 2)
         pool.close()
 
+
 async def test_bytes_on_an_idle_pooled_connection_never_reach_the_next_request() -> None:
     """A replica (or a proxy before it) writes a stray response on a kept-alive connection; the next
     request, perhaps another tenant's, gets its own answer on a fresh connection."""
@@ -246,4 +259,60 @@ async def test_two_stale_keep_alive_connections_are_retried_on_a_new_one() -> No
         resp.release()
         assert len(accepted) == 3  # the second try went to a new connection, not the other stale one
         pool.close()
+
+
+async def test_a_path_in_the_replica_url_prefixes_every_request() -> None:
+    seen: list[bytes] = []
+
+    async def handler(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        while True:
+            head = await read_head(r)
+            await r.readexactly(content_length(head))
+            seen.append(head.split(b"\r\n", 1)[0])
+            w.write(reply(b"{}"))
+            await w.drain()
+
+    async with server(handler, path="/vllm/") as (url, _):
+        pool = UpstreamPool(connect_timeout_s=1)
+        for call in (
+            pool.post(url, "/v1/chat/completions", b"{}"),
+            pool.get(url, "/metrics?name%5B%5D=x"),
+            pool.get(url.rstrip("/"), "/health"),
+        ):
+            resp = await call
+            await resp.read()
+            resp.release()
+        assert seen == [
+            b"POST /vllm/v1/chat/completions HTTP/1.1",
+            b"GET /vllm/metrics?name%5B%5D=x HTTP/1.1",
+            b"GET /vllm/health HTTP/1.1",
+        ]
+        pool.close()
+
+
+async def test_an_untrusted_tls_certificate_is_a_clear_connect_error(tmp_path: Path) -> None:
+    made = self_signed(tmp_path)
+    if made is None:
+        pytest.skip("the openssl command is not installed: no certificate for a TLS test server")
+    tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    tls.load_cert_chain(*made)
+    async with server(lambda r, w: r.read(), tls=tls) as (url, _):
+        pool = UpstreamPool(connect_timeout_s=2)
+        with pytest.raises(ConnectError, match="certificate") as ei:
+            await pool.post(url, "/x", b"{}")
+        assert not ei.value.timed_out
+        pool.close()
+
+
+async def test_the_first_connect_failure_of_a_kind_is_a_warning(caplog: pytest.LogCaptureFixture) -> None:
+    async with server(lambda r, w: asyncio.sleep(0)) as (url, _):
+        pass  # closed: the port now refuses
+    pool = UpstreamPool(connect_timeout_s=1)
+    with caplog.at_level(logging.DEBUG, logger="gateway.upstream"):
+        for _ in range(3):
+            with pytest.raises(ConnectError):
+                await pool.post(url, "/x", b"{}")
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1
+    assert url in warnings[0].getMessage() and "refused" in warnings[0].getMessage().lower()
 
