@@ -17,9 +17,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import ssl
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from gateway.upstream.address import ReplicaAddress, parse_replica_url
@@ -27,6 +28,12 @@ from gateway.upstream.connection import BrokenError, ConnectError, UpstreamConne
 from gateway.upstream.tls import client_tls_context
 
 log = logging.getLogger(__name__)
+
+Headers = Sequence[tuple[bytes, bytes]]
+
+_TOKEN = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")  # a field name (RFC 9110 §5.1)
+_NOT_IN_VALUE = re.compile(rb"[\r\n\0]")
+_OWN_HEADERS = frozenset({b"host", b"content-length", b"transfer-encoding"})  # routing and framing
 
 
 @dataclass(slots=True)
@@ -59,6 +66,12 @@ class UpstreamResponse:
     def headers(self) -> Mapping[str, str]:
         """Lower-case names; a repeated name keeps its last value."""
         return self._conn.headers
+
+    @property
+    def raw_headers(self) -> list[tuple[bytes, bytes]]:
+        """The final response's header lines in order, names as the replica wrote them, values
+        without surrounding whitespace; no interim (1xx) response's and no trailers. Do not mutate."""
+        return self._conn.raw_headers
 
     async def read_some(self) -> bytes:
         return await self._conn.read_some()
@@ -113,30 +126,36 @@ class UpstreamPool:
             o = self._origins[base_url] = _Origin(base_url, addr, tls)
         return o
 
-    async def post(self, base_url: str, path: str, body: bytes) -> UpstreamResponse:
+    async def post(self, base_url: str, path: str, body: bytes, headers: Headers = ()) -> UpstreamResponse:
         """Send `POST path` with a JSON body and wait for the response's status and headers.
 
-        `path` is the request target (a leading "/", the replica URL's path prefix is put before it).
+        `path` is the request target (a leading "/", the replica URL's path prefix is put before
+        it). `headers` are extra request header lines, written as given after kvgate's own (host,
+        content-type, accept, content-length); ValueError if a name is not a token or is host,
+        content-length or transfer-encoding, or a value holds CR, LF or NUL (nothing is sent then).
 
         Raises ConnectError (no connection) or BrokenError (the connection ended before the status
         line). The caller bounds the wait with its own timeout; cancelling closes the connection.
         """
         origin = self._origin(base_url)
+        extra = _header_lines(headers) if headers else b""
         request = (
             b"POST %s%s HTTP/1.1\r\nhost: %s\r\ncontent-type: application/json\r\naccept: */*\r\n"
-            b"content-length: %d\r\n\r\n"
-            % (origin.addr.path_prefix, path.encode("latin-1"), origin.addr.host_header, len(body))
+            b"content-length: %d\r\n%s\r\n"
+            % (origin.addr.path_prefix, path.encode("latin-1"), origin.addr.host_header, len(body), extra)
         ) + body
         return await self._send(origin, request)
 
-    async def get(self, base_url: str, path: str) -> UpstreamResponse:
+    async def get(self, base_url: str, path: str, headers: Headers = ()) -> UpstreamResponse:
         """Send `GET path` (no body; identity encoding: compressing a page on the replica and inflating
         it here would cost both ends CPU for no gain on a LAN); otherwise as `post`."""
         origin = self._origin(base_url)
-        request = b"GET %s%s HTTP/1.1\r\nhost: %s\r\naccept: */*\r\naccept-encoding: identity\r\n\r\n" % (
+        extra = _header_lines(headers) if headers else b""
+        request = b"GET %s%s HTTP/1.1\r\nhost: %s\r\naccept: */*\r\naccept-encoding: identity\r\n%s\r\n" % (
             origin.addr.path_prefix,
             path.encode("latin-1"),
             origin.addr.host_header,
+            extra,
         )
         return await self._send(origin, request)
 
@@ -227,3 +246,17 @@ class UpstreamPool:
             o.open = 0
         self._origins.clear()
 
+
+def _header_lines(headers: Headers) -> bytes:
+    """`name: value\\r\\n` lines for extra request headers; ValueError for a line that would change
+    the request's framing or routing (the value is never quoted: it may be a credential)."""
+    lines = []
+    for name, value in headers:
+        if not _TOKEN.fullmatch(name):
+            raise ValueError(f"request header name {name!r} is not a token")
+        if name.lower() in _OWN_HEADERS:
+            raise ValueError(f"request header {name.decode()!r} is the upstream client's own")
+        if _NOT_IN_VALUE.search(value):
+            raise ValueError(f"request header {name.decode()!r}: CR, LF or NUL in its value")
+        lines.append(b"%s: %s\r\n" % (name, value))
+    return b"".join(lines)

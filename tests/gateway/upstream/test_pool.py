@@ -316,3 +316,85 @@ async def test_the_first_connect_failure_of_a_kind_is_a_warning(caplog: pytest.L
     assert len(warnings) == 1
     assert url in warnings[0].getMessage() and "refused" in warnings[0].getMessage().lower()
 
+
+async def test_extra_request_headers_go_out_in_the_one_request() -> None:
+    heads: list[bytes] = []
+
+    async def handler(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        while True:
+            head = await read_head(r)
+            heads.append(head)
+            await r.readexactly(content_length(head))
+            w.write(reply(b"{}"))
+            await w.drain()
+
+    extra = [(b"Authorization", b"Bearer abc"), (b"x-request-id", b"r-1"), (b"x-request-id", b"r-2")]
+    async with server(handler) as (url, _):
+        pool = UpstreamPool(connect_timeout_s=1)
+        for call in (pool.post(url, "/p", b"{}", headers=extra), pool.get(url, "/g", headers=extra)):
+            resp = await call
+            await resp.read()
+            resp.release()
+        post, get = heads
+        lines = b"Authorization: Bearer abc\r\nx-request-id: r-1\r\nx-request-id: r-2\r\n\r\n"
+        assert post.endswith(b"content-length: 2\r\n" + lines)
+        assert get.startswith(b"GET /g HTTP/1.1\r\nhost: ") and get.endswith(b"identity\r\n" + lines)
+        pool.close()
+
+
+@pytest.mark.parametrize(
+    ("header", "reason"),
+    [
+        ((b"authorization", b"Bearer s3cret\r\nx-evil: 1"), "CR, LF or NUL"),
+        ((b"x-id", b"s3cret\nb"), "CR, LF or NUL"),
+        ((b"x-id", b"s3cret\rb"), "CR, LF or NUL"),
+        ((b"x-id", b"s3cret\0b"), "CR, LF or NUL"),
+        ((b"x-id\r\nx-evil", b"1"), "not a token"),
+        ((b"x id", b"1"), "not a token"),
+        ((b"x-id:", b"1"), "not a token"),
+        ((b"", b"1"), "not a token"),
+        ((b"Content-Length", b"0"), "own"),
+        ((b"host", b"elsewhere"), "own"),
+        ((b"transfer-encoding", b"chunked"), "own"),
+    ],
+)
+async def test_request_headers_that_would_change_the_framing_are_refused(
+    header: tuple[bytes, bytes], reason: str
+) -> None:
+    async with server(lambda r, w: r.read()) as (url, accepted):
+        pool = UpstreamPool(connect_timeout_s=1)
+        with pytest.raises(ValueError, match=reason) as ei:
+            await pool.post(url, "/p", b"{}", headers=[(b"x-ok", b"1"), header])
+        assert "s3cret" not in str(ei.value)  # a value may be a credential: never in a message
+        with pytest.raises(ValueError, match=reason):
+            await pool.get(url, "/g", headers=[header])
+        assert accepted == []  # refused before anything was sent, or even connected
+        pool.close()
+
+
+async def test_raw_headers_are_the_final_responses_own_in_order() -> None:
+    raw = (
+        b"HTTP/1.1 103 Early Hints\r\nlink: </a.css>\r\n\r\n"
+        b"HTTP/1.1 200 OK\r\nSet-Cookie: a=1\r\nx-request-id: r-1 \r\nset-cookie: b=2\r\n"
+        b"transfer-encoding: chunked\r\n\r\n2\r\nok\r\n0\r\nx-trailer: t\r\n\r\n"
+    )
+
+    async def handler(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        await read_request(r)
+        w.write(raw)
+        await w.drain()
+        await r.read()
+
+    async with server(handler) as (url, _):
+        pool = UpstreamPool(connect_timeout_s=1)
+        resp = await pool.post(url, "/p", b"{}")
+        assert await resp.read() == b"ok"
+        assert resp.raw_headers == [
+            (b"Set-Cookie", b"a=1"),
+            (b"x-request-id", b"r-1"),
+            (b"set-cookie", b"b=2"),
+            (b"transfer-encoding", b"chunked"),
+        ]
+        assert resp.headers["set-cookie"] == "b=2"
+        resp.release()
+        pool.close()
