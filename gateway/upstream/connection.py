@@ -194,8 +194,10 @@ class UpstreamConnection(asyncio.Protocol):
 
     def start(self, request: bytes) -> None:
         """Send one whole request (head + body). Raises BrokenError (got_response False, nothing
-        sent) unless the connection is idle and clean: `reusable()`, or fresh."""
-        if not self.reusable():
+        sent) unless the connection is idle and clean: no response outstanding, nothing unread,
+        open. (Unlike `reusable()`, bytes may still wait in the transport's write buffer: a new TLS
+        connection on uvloop can hold the end of its handshake there.)"""
+        if not self._idle_and_clean():
             raise BrokenError("the connection is closed, broken or not idle", False)
         assert self.transport is not None
         self.parser = httptools.HttpResponseParser(self)
@@ -242,13 +244,14 @@ class UpstreamConnection(asyncio.Protocol):
     def reusable(self) -> bool:
         """No response outstanding, nothing unread, the request all sent, and open for another."""
         return (
-            self.complete
-            and self.keep_alive
-            and not self.closed
-            and self.lost_exc is None
-            and not self._body
+            self._idle_and_clean()
             and self.transport is not None
             and self.transport.get_write_buffer_size() == 0
+        )
+
+    def _idle_and_clean(self) -> bool:
+        return (
+            self.complete and self.keep_alive and not self.closed and self.lost_exc is None and not self._body
         )
 
     def abort(self) -> None:
