@@ -46,7 +46,7 @@ class ReplicaConfig(_Strict):
     # no credentials, query or fragment (gateway/upstream/address.py).
     url: str
     model: str = Field(min_length=1)  # the pool: base model this replica serves
-    name: str | None = None  # defaults to host:port
+    name: str | None = None  # defaults to the URL without its scheme: host:port[/prefix]
     labels: dict[str, str] = Field(default_factory=dict)
 
     @field_validator("url")

@@ -1,5 +1,4 @@
 """Background loops that keep `FleetState` fresh: `/metrics`, `/health` and `/v1/models` of every replica.
-(Under the path prefix of a replica URL that has one, as every request to it: see the upstream pool.)
 
 Three loops, one asyncio task each. A loop keeps a heap of per-replica due times: replicas start at
 evenly spread random phases and each next fetch is due `interval * U(0.9, 1.1)` later, so fetches
@@ -7,7 +6,8 @@ evenly spread random phases and each next fetch is due `interval * U(0.9, 1.1)` 
 fetch runs in its own short task bounded by its timeout; a replica whose previous fetch of the same
 kind is still pending is skipped for that turn, so one hung replica never delays the others.
 
-The HTTP client is kvgate's own upstream pool (`gateway.upstream.UpstreamPool`, httptools in C).
+The HTTP client is kvgate's own upstream pool (`gateway.upstream.UpstreamPool`, httptools in C), so
+a replica URL's TLS and path prefix apply here as to proxied requests (`/vllm/metrics`).
 httpx was used first: at a 50 ms cadence one scrape (GET + parse + state update) took ~4-5 ms of CPU
 here (2-core machine under load 5-6), most of it httpx's per-request overhead (h11 parses in pure
 Python), so sixty-four replicas at 200 ms would have cost ~1.3 cores of the gateway's one.
