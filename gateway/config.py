@@ -14,6 +14,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from gateway.upstream.address import parse_replica_url
+
 
 class ConfigError(ValueError):
     """A config that cannot be used; `str()` lists each problem as `path: reason`."""
@@ -40,16 +42,17 @@ class ModelConfig(_Strict):
 
 
 class ReplicaConfig(_Strict):
+    # http:// or https://, host, optional port, optional path prefix put before every request path;
+    # no credentials, query or fragment (gateway/upstream/address.py).
     url: str
     model: str = Field(min_length=1)  # the pool: base model this replica serves
-    name: str | None = None  # defaults to host:port
+    name: str | None = None  # defaults to the URL without its scheme: host:port[/prefix]
     labels: dict[str, str] = Field(default_factory=dict)
 
     @field_validator("url")
     @classmethod
-    def _http_url(cls, v: str) -> str:
-        if not (v.startswith("http://") or v.startswith("https://")) or len(v.split("//", 1)[1]) == 0:
-            raise ValueError("must be an http:// or https:// URL")
+    def _replica_url(cls, v: str) -> str:
+        parse_replica_url(v)  # the upstream client's own rules; ValueError says what is wrong
         return v.rstrip("/")
 
     @property
@@ -90,6 +93,10 @@ class UpstreamConfig(_Strict):
     response_timeout_s: float = Field(600.0, gt=0)  # non-streaming: until the whole answer
     max_retries: int = Field(2, ge=0, le=10)  # extra replicas tried before the first byte
     idle_connections_per_replica: int = Field(256, ge=1)  # keep-alive connections kept for reuse
+    # https:// replicas: a PEM bundle to trust instead of the system's CAs (a private CA), and
+    # whether certificates and host names are checked at all (false: check-config warns).
+    tls_ca_file: str | None = None
+    tls_verify: bool = True
 
 
 class PluginSpec(_Strict):

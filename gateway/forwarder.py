@@ -154,7 +154,10 @@ class Forwarder:
         except BrokenError as err:
             if resp is not None:
                 resp.close()
-            out.error_kind = "broken" if err.got_response else "connect"
+            # Never "connect", even before any response byte: the pool already retried a stale
+            # kept-alive connection on a new one, so this replica accepted a connection and then
+            # dropped it. A real failure (counts toward ejection), not a refused connect (ejects).
+            out.error_kind = "broken"
             out.error_detail = str(err)
             return False
         except BaseException:

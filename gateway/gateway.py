@@ -7,13 +7,15 @@ are one picture of the fleet, which several workers in one process group would s
 
 from __future__ import annotations
 
+import logging
 import random
+import ssl
 import time
 from collections.abc import Callable, Iterable
 
 from prometheus_client.core import Metric
 
-from gateway.config import Config
+from gateway.config import Config, ConfigError
 from gateway.fleet.scraper import FleetScraper, build_client
 from gateway.fleet.state import FleetChange, FleetState
 from gateway.forwarder import Forwarder, Timeouts
@@ -21,7 +23,11 @@ from gateway.metrics import GatewayMetrics, gauge_family
 from gateway.routing import Router
 from gateway.tenancy import Tenancy
 from gateway.upstream import UpstreamPool
+from gateway.upstream.address import parse_replica_url
+from gateway.upstream.tls import client_tls_context
 from policies.prefix_index import capacity_blocks
+
+log = logging.getLogger(__name__)
 
 
 class Gateway:
@@ -53,7 +59,10 @@ class Gateway:
 
     async def start(self) -> None:
         up = self.config.upstream
-        self._pool = UpstreamPool(up.connect_timeout_s, max_idle_per_origin=up.idle_connections_per_replica)
+        tls = self._tls_context()
+        self._pool = UpstreamPool(
+            up.connect_timeout_s, max_idle_per_origin=up.idle_connections_per_replica, tls=tls
+        )
         self._forwarder = Forwarder(
             self._pool,
             Timeouts(
@@ -66,7 +75,7 @@ class Gateway:
             self.metrics,
             self.fleet.report_failure,
         )
-        self._scrape_pool = build_client(self.config.fleet)
+        self._scrape_pool = build_client(self.config.fleet, tls)
         self._scraper = FleetScraper(self.fleet, self.config.fleet, self._scrape_pool, rng=self.rng)
         await self._scraper.start()
         await self.tenancy.start()
@@ -79,6 +88,18 @@ class Gateway:
             self._scrape_pool.close()
         if self._pool is not None:
             self._pool.close()
+
+    def _tls_context(self) -> ssl.SSLContext | None:
+        """The TLS context both pools share; None when no replica is https:// (reads the CA file)."""
+        up = self.config.upstream
+        if not any(parse_replica_url(r.url).tls for r in self.config.replicas):
+            return None
+        if not up.tls_verify:
+            log.warning("upstream.tls_verify is false: replica certificates and host names are not checked")
+        try:
+            return client_tls_context(up.tls_ca_file, up.tls_verify)
+        except ValueError as err:
+            raise ConfigError(f"upstream.tls_ca_file: {err}") from None
 
     def ready(self) -> bool:
         """At least one replica is healthy and has been scraped."""

@@ -12,7 +12,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from gateway.config import ConfigError, load_config
-    from gateway.config_check import check_semantics
+    from gateway.config_check import check_semantics, config_warnings
 
     try:
         config = load_config(args.file)
@@ -20,6 +20,8 @@ def run(args: argparse.Namespace) -> int:
     except ConfigError as err:
         print(f"{args.file}: invalid\n{err}", file=sys.stderr)
         return 1
+    for warning in config_warnings(config):
+        print(f"{args.file}: warning: {warning}", file=sys.stderr)
     print(
         f"{args.file}: ok ({len(config.replicas)} replicas, {len(config.tenants)} tenants, "
         f"profile {config.scheduling.profile!r})"

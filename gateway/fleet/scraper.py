@@ -6,7 +6,8 @@ evenly spread random phases and each next fetch is due `interval * U(0.9, 1.1)` 
 fetch runs in its own short task bounded by its timeout; a replica whose previous fetch of the same
 kind is still pending is skipped for that turn, so one hung replica never delays the others.
 
-The HTTP client is kvgate's own upstream pool (`gateway.upstream.UpstreamPool`, httptools in C).
+The HTTP client is kvgate's own upstream pool (`gateway.upstream.UpstreamPool`, httptools in C), so
+a replica URL's TLS and path prefix apply here as to proxied requests (`/vllm/metrics`).
 httpx was used first: at a 50 ms cadence one scrape (GET + parse + state update) took ~4-5 ms of CPU
 here (2-core machine under load 5-6), most of it httpx's per-request overhead (h11 parses in pure
 Python), so sixty-four replicas at 200 ms would have cost ~1.3 cores of the gateway's one.
@@ -22,6 +23,7 @@ import asyncio
 import heapq
 import logging
 import random
+import ssl
 import time
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, replace
@@ -59,9 +61,10 @@ class ScrapeObserver(Protocol):
     def scrape_finished(self, replica: str, duration_s: float, error: str | None) -> None: ...
 
 
-def build_client(fleet: FleetConfig) -> UpstreamPool:
-    """The connection pool the scraper uses: its own, so scrapes never queue behind proxied streams."""
-    return UpstreamPool(connect_timeout_s=min(fleet.scrape_timeout_s, fleet.health_timeout_s))
+def build_client(fleet: FleetConfig, tls: ssl.SSLContext | None = None) -> UpstreamPool:
+    """The connection pool the scraper uses: its own, so scrapes never queue behind proxied streams.
+    `tls`: the context for https:// replicas, the same the proxying pool uses (None: the default)."""
+    return UpstreamPool(connect_timeout_s=min(fleet.scrape_timeout_s, fleet.health_timeout_s), tls=tls)
 
 
 def _failure_kind(err: BaseException) -> str:

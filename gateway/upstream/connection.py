@@ -8,18 +8,34 @@ simulator, reading 32-chunk streams at concurrency 50 cost ~960 µs of CPU per r
 everything buffered at once (`read_some`), so a burst of chunks costs one wake-up.
 
 A connection serves one request at a time. It may be reused only when its response was read to the
-end and neither side asked to close. Nothing here is thread-safe: one event loop owns it.
+end, the request was all sent, and neither side asked to close. Nothing here is thread-safe: one
+event loop owns it.
+
+What the replica sends is taken only as the answer to the request in flight:
+- interim responses (100 Continue, 103 Early Hints, any 1xx but 101) are skipped, headers and all;
+  101 Switching Protocols, which kvgate never asks for, is a broken answer;
+- a byte that arrives while no request is in flight, or past the end of the response in the same
+  read, is never delivered: the connection is aborted and never reused (its framing cannot be
+  trusted; the bytes could be meant for someone else). Bare CRLFs between messages, which the parser
+  skips without a callback, are the one exception in the same read;
+- a body with neither Content-Length nor chunked coding ends where the connection does (RFC 9112
+  §6.3); a framed body cut short by a close is broken. 1xx, 204 and 304 never have a body.
+These checks run once per message (headers complete, message begin/complete) or only while idle:
+the per-chunk path (`data_received` -> `on_body` -> `read_some`) gains a single flag test.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import socket
 from collections import deque
 from typing import cast
 
 import httptools
+
+log = logging.getLogger(__name__)
 
 HIGH_WATER = 1 << 20  # pause reading when this many unread body bytes are buffered
 LOW_WATER = 1 << 16
@@ -48,7 +64,7 @@ class BrokenError(UpstreamError):
 
 
 class UpstreamConnection(asyncio.Protocol):
-    """The protocol object of one TCP connection; see the module docstring."""
+    """The protocol object of one connection (TCP, or TLS over it); see the module docstring."""
 
     __slots__ = (
         "_body",
@@ -63,6 +79,7 @@ class UpstreamConnection(asyncio.Protocol):
         "keep_alive",
         "lost_exc",
         "parser",
+        "raw_headers",
         "status",
         "transport",
     )
@@ -70,15 +87,16 @@ class UpstreamConnection(asyncio.Protocol):
     def __init__(self) -> None:
         self.transport: asyncio.Transport | None = None
         self.parser = httptools.HttpResponseParser(self)
-        self.status = 0
-        self.headers: dict[str, str] = {}
+        self.status = 0  # the final response's; 0 until its headers are complete
+        self.headers: dict[str, str] = {}  # lower-case names; a repeated name keeps its last value
+        self.raw_headers: list[tuple[bytes, bytes]] = []  # the final response's lines, as sent
         self._headers: list[tuple[bytes, bytes]] = []
         self._body: deque[bytes] = deque()
         self._buffered = 0
         self._paused = False
         self._waiter: asyncio.Future[None] | None = None
         self.got_response = False
-        self.complete = False
+        self.complete = True  # no response outstanding: true while idle, false from `start` to its end
         self.keep_alive = True
         self.closed = False
         self.lost_exc: BaseException | None = None
@@ -94,11 +112,18 @@ class UpstreamConnection(asyncio.Protocol):
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
     def data_received(self, data: bytes) -> None:
+        if self.complete:  # nothing is in flight: nobody asked for these bytes
+            self._poison("while idle")
+            return
         self.got_response = True
         try:
             self.parser.feed_data(data)
-        except httptools.HttpParserError as err:
-            self.lost_exc = BrokenError(f"malformed response from the replica: {err}", True)
+        except (httptools.HttpParserError, httptools.HttpParserUpgrade) as err:
+            if self.complete:  # the response ended inside this read; these bytes came after it
+                self._poison("past the end of a response")
+                return
+            if self.lost_exc is None:
+                self.lost_exc = BrokenError(f"malformed response from the replica: {err}", True)
             self.keep_alive = False
             self._wake()
             if self.transport is not None:
@@ -108,9 +133,12 @@ class UpstreamConnection(asyncio.Protocol):
         self.closed = True
         self.keep_alive = False
         if not self.complete and self.lost_exc is None:
-            self.lost_exc = BrokenError(
-                "the replica closed the connection" + (f": {exc}" if exc else ""), self.got_response
-            )
+            if exc is None and self.status and _ends_at_close(self.headers):
+                self.complete = True  # a body with no length ends where the connection does
+            else:
+                self.lost_exc = BrokenError(
+                    "the replica closed the connection" + (f": {exc}" if exc else ""), self.got_response
+                )
         self._wake()
 
     def pause_writing(self) -> None:  # requests are small; the transport buffers them
@@ -121,12 +149,29 @@ class UpstreamConnection(asyncio.Protocol):
 
     # -- httptools callbacks ------------------------------------------------------------------------
 
+    def on_message_begin(self) -> None:
+        if self.complete:
+            raise _PastTheEnd  # stops the parser; data_received drops the connection
+
     def on_header(self, name: bytes, value: bytes) -> None:
         self._headers.append((name, value))
 
     def on_headers_complete(self) -> None:
-        self.status = self.parser.get_status_code()
-        self.headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in self._headers}
+        status = self.parser.get_status_code()
+        lines = self._headers
+        self._headers = []  # trailers and any later message never touch this response's lines
+        if status < 200:
+            if status == 101:
+                self.lost_exc = BrokenError(
+                    "the replica answered 101 Switching Protocols, which kvgate never asks for", True
+                )
+                raise self.lost_exc
+            return  # interim (100 Continue, 103 Early Hints): skipped; the final response follows
+        # A field value excludes trailing whitespace (RFC 9110 §5.5); the parser keeps it.
+        lines = [(k, v.rstrip(b" \t")) for k, v in lines]
+        self.raw_headers = lines
+        self.headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in lines}
+        self.status = status
         self._wake()
 
     def on_body(self, body: bytes) -> None:
@@ -138,6 +183,8 @@ class UpstreamConnection(asyncio.Protocol):
         self._wake()
 
     def on_message_complete(self) -> None:
+        if self.status == 0:
+            return  # the end of an interim response, not of the answer
         self.complete = True
         if not self.parser.should_keep_alive():
             self.keep_alive = False
@@ -146,11 +193,17 @@ class UpstreamConnection(asyncio.Protocol):
     # -- the request ------------------------------------------------------------------------------
 
     def start(self, request: bytes) -> None:
-        """Send one whole request (head + body). The connection must be idle."""
+        """Send one whole request (head + body). Raises BrokenError (got_response False, nothing
+        sent) unless the connection is idle and clean: no response outstanding, nothing unread,
+        open. (Unlike `reusable()`, bytes may still wait in the transport's write buffer: a new TLS
+        connection on uvloop can hold the end of its handshake there.)"""
+        if not self._idle_and_clean():
+            raise BrokenError("the connection is closed, broken or not idle", False)
         assert self.transport is not None
         self.parser = httptools.HttpResponseParser(self)
         self.status = 0
         self.headers = {}
+        self.raw_headers = []
         self._headers = []
         self.got_response = False
         self.complete = False
@@ -189,12 +242,33 @@ class UpstreamConnection(asyncio.Protocol):
             parts.append(data)
 
     def reusable(self) -> bool:
-        return self.complete and self.keep_alive and not self.closed and self.lost_exc is None
+        """No response outstanding, nothing unread, the request all sent, and open for another."""
+        return (
+            self._idle_and_clean()
+            and self.transport is not None
+            and self.transport.get_write_buffer_size() == 0
+        )
+
+    def _idle_and_clean(self) -> bool:
+        return (
+            self.complete and self.keep_alive and not self.closed and self.lost_exc is None and not self._body
+        )
 
     def abort(self) -> None:
-        """Drop the connection now (cancels the request on a vLLM replica)."""
+        """Drop the connection now (cancels the request on a vLLM replica). A response still in
+        progress then reads as broken."""
+        self.keep_alive = False
+        if not self.complete and self.lost_exc is None:
+            self.lost_exc = BrokenError("the connection was dropped by kvgate", self.got_response)
+        if self.transport is not None and not self.closed:
+            self.transport.abort()
+
+    def _poison(self, when: str) -> None:
+        """Bytes nobody asked for arrived: drop the connection, keep nothing of them."""
         self.keep_alive = False
         if self.transport is not None and not self.closed:
+            peer = self.transport.get_extra_info("peername")
+            log.debug("replica %s sent bytes %s; connection dropped", peer, when)
             self.transport.abort()
 
     async def _wait(self) -> None:
@@ -208,3 +282,16 @@ class UpstreamConnection(asyncio.Protocol):
         w = self._waiter
         if w is not None and not w.done():
             w.set_result(None)
+
+
+class _PastTheEnd(Exception):
+    """Raised inside the parser to stop it at a message that follows the answer."""
+
+
+def _ends_at_close(headers: dict[str, str]) -> bool:
+    """Whether a final response's body is delimited by the close of the connection: no
+    Content-Length, and chunked is not the last transfer coding (RFC 9112 §6.3)."""
+    if "content-length" in headers:
+        return False
+    codings = headers.get("transfer-encoding", "")
+    return codings.rsplit(",", 1)[-1].strip().lower() != "chunked"

@@ -88,3 +88,52 @@ def test_load_config_reports_yaml_and_file_errors(tmp_path: Path) -> None:
     listy.write_text("- 1\n- 2\n")
     with pytest.raises(ConfigError, match="top level must be a mapping"):
         load_config(listy)
+
+
+@pytest.mark.parametrize(
+    ("url", "expected"),
+    [
+        ("http://user:s3cret@10.0.0.1:8000", "credentials"),
+        ("http://user@10.0.0.1:8000", "credentials"),
+        ("http://10.0.0.1:8000/v?x=1", "query"),
+        ("http://10.0.0.1:8000/?", "query"),
+        ("http://10.0.0.1:8000/#top", "fragment"),
+        ("http://10.0.0.1:port", "port"),
+        ("http://10.0.0.1:70000", "port"),
+        ("http://:8000", "host"),
+        ("http://10.0.0.1/a b", "spaces"),
+        ("http://10.0.0.1/é", "ASCII"),
+        ("ftp://10.0.0.1", "http:// or https://"),
+    ],
+)
+def test_replica_urls_that_cannot_work_are_refused(url: str, expected: str) -> None:
+    with pytest.raises(ConfigError) as ei:
+        parse_config({"replicas": [{"url": url, "model": "m"}]})
+    message = str(ei.value)
+    assert message.startswith("replicas.0.url: ") and expected in message
+    assert "s3cret" not in message  # a refused URL's password is not echoed into logs
+
+
+@pytest.mark.parametrize(
+    "url", ["http://10.0.0.1:8000", "https://vllm.internal", "http://10.0.0.1:8000/vllm/", "http://[::1]:8000"]
+)
+def test_replica_urls_that_work(url: str) -> None:
+    (replica,) = parse_config({"replicas": [{"url": url, "model": "m"}]}).replicas
+    assert replica.url == url.rstrip("/")
+
+
+def test_upstream_tls_settings() -> None:
+    up = parse_config(None).upstream
+    assert up.tls_verify is True and up.tls_ca_file is None
+    up = parse_config({"upstream": {"tls_ca_file": "/etc/ca.pem", "tls_verify": False}}).upstream
+    assert up.tls_ca_file == "/etc/ca.pem" and up.tls_verify is False
+
+
+def test_semantic_check_loads_the_tls_ca_file(tmp_path: Path) -> None:
+    config = parse_config({"upstream": {"tls_ca_file": str(tmp_path / "missing.pem")}})
+    with pytest.raises(ConfigError, match=r"upstream.tls_ca_file: cannot load"):
+        check_semantics(config)
+    junk = tmp_path / "junk.pem"
+    junk.write_text("not a certificate\n")
+    with pytest.raises(ConfigError, match=r"upstream.tls_ca_file: cannot load"):
+        check_semantics(parse_config({"upstream": {"tls_ca_file": str(junk)}}))

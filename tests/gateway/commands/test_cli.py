@@ -48,6 +48,20 @@ def test_check_config_ok_and_invalid(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert "fleet.scrape_interval_s" in capsys.readouterr().err
 
 
+def test_check_config_warns_when_replica_certificates_are_not_verified(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cfg = tmp_path / "insecure.yaml"
+    cfg.write_text(
+        "replicas: [{url: 'https://10.0.0.1:8443', model: m}]\nupstream: {tls_verify: false}\n"
+    )
+    assert main(["check-config", str(cfg)]) == 0
+    out = capsys.readouterr()
+    assert "ok" in out.out
+    (warning,) = out.err.strip().splitlines()
+    assert "warning" in warning and "upstream.tls_verify" in warning
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -17,7 +17,8 @@ from gateway.fleet.scraper import FleetScraper, build_client
 from gateway.fleet.state import FleetChange, FleetState
 from gateway.upstream import UpstreamPool
 from simulator.fleet import SimFleet
-from tests.gateway.fleet.fake_replica import FakeReplica
+from tests.gateway.fleet.fake_replica import LORA_PAGE, MODELS_BODY, FakeReplica
+from tests.gateway.upstream.scripted import read_head, reply, server
 
 FAST = FleetConfig(
     scrape_interval_s=0.05, scrape_timeout_s=0.5, stale_after_s=1.0,
@@ -241,6 +242,44 @@ async def test_refused_scrape_ejects_at_once() -> None:
     state, scraper = await one_round(replica)
     assert scraper.stats("r0").last_error == "connect"
     assert not state.snapshot().replicas[0].healthy
+
+
+async def test_a_replica_url_with_a_path_is_scraped_under_that_path() -> None:
+    pages = {
+        b"/vllm/metrics": LORA_PAGE.encode(),
+        b"/vllm/v1/models": MODELS_BODY,
+        b"/vllm/health": b"",
+    }
+    asked: list[bytes] = []
+    news = asyncio.Event()
+
+    async def handler(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        while True:
+            path = (await read_head(r)).split(b" ")[1].split(b"?")[0]
+            asked.append(path)
+            news.set()
+            page = pages.get(path)
+            w.write(b"HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\n\r\n" if page is None else reply(page))
+            await w.drain()
+
+    fleet = FAST.model_copy(update={"health_interval_s": 0.05})
+    async with server(handler, path="/vllm/") as (url, _):
+        state = FleetState([ReplicaConfig(url=url, model="tiny-llama", name="r0")], fleet)
+        client = build_client(fleet)
+        scraper = FleetScraper(state, fleet, client, rng=random.Random(7))
+        try:
+            await scraper.start()
+            assert state.snapshot().replicas[0].scraped_at is not None
+            assert state.pool_of("lora-a") == ("tiny-llama", "lora-a")
+            async with asyncio.timeout(5):
+                while b"/vllm/health" not in asked:
+                    news.clear()
+                    await news.wait()
+        finally:
+            await scraper.stop()
+            await client.aclose()
+    assert set(asked) == set(pages)
+    assert state.snapshot().replicas[0].healthy
 
 
 async def test_failed_models_poll_keeps_the_previous_list() -> None:
