@@ -157,6 +157,22 @@ def test_token_ids_beyond_32_bits_are_hashed_as_json_without_a_tokenizer() -> No
     assert batch.prefix_keys
 
 
+@pytest.mark.parametrize(
+    "prompt",
+    [
+        [2**40 + i for i in range(40)],
+        [[2**40 + i for i in range(40)], [1, 2, 3]],  # a batch: its first prompt, as for small ids
+        sim.encode(SYSTEM)[:40],  # the simulator's own ids reach 2**51
+    ],
+)
+def test_token_ids_beyond_32_bits_count_one_token_each(prompt: list[Any]) -> None:
+    """The reservation, the fair queue's cost and "request too large" all use this count: a prompt of
+    40 token ids is 40 tokens whatever the ids' size (ids below 2**32 count so), not the length of
+    their JSON text / 4."""
+    facts = router().prompt_facts("completions", {"prompt": prompt}, "m", None)
+    assert facts.prompt_tokens == 40
+
+
 # --- decide --------------------------------------------------------------------------------------
 
 
