@@ -77,8 +77,12 @@ class Router:
         }
 
     def use_profile(self, name: str) -> None:
-        """Switch the active profile (benchmarks compare policies on one running gateway)."""
-        self.profile = self.profiles[name]
+        """Switch the active profile (benchmarks compare policies on one running gateway). An unknown
+        name is a ValueError, as in the constructor, and leaves the active profile as it was."""
+        profile = self.profiles.get(name)
+        if profile is None:
+            raise ValueError(f"no profile named {name!r} (known: {', '.join(sorted(self.profiles))})")
+        self.profile = profile
         self.profile_name = name
 
     def prompt_facts(

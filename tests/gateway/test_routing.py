@@ -289,3 +289,12 @@ def test_config_profiles_override_builtins_by_name() -> None:
     d = r.decide(held, snapshot(), NOW).decision
     assert [s.name for s, _ in r.profile.weighted_scorers] == ["session-affinity"]
     assert d.ranked[0].name == "r1" and d.total == {"r0": 0.0, "r1": 1.0, "r2": 0.0}
+
+
+def test_an_unknown_profile_is_a_value_error() -> None:
+    with pytest.raises(ValueError, match="no profile named 'nope'"):
+        router(profile="nope")
+    r = router()
+    with pytest.raises(ValueError, match="no profile named 'nope'"):
+        r.use_profile("nope")
+    assert r.profile_name == "default" and r.profile is r.profiles["default"]  # nothing changed
