@@ -77,8 +77,12 @@ class Router:
         }
 
     def use_profile(self, name: str) -> None:
-        """Switch the active profile (benchmarks compare policies on one running gateway)."""
-        self.profile = self.profiles[name]
+        """Switch the active profile (benchmarks compare policies on one running gateway). An unknown
+        name is a ValueError, as in the constructor, and leaves the active profile as it was."""
+        profile = self.profiles.get(name)
+        if profile is None:
+            raise ValueError(f"no profile named {name!r} (known: {', '.join(sorted(self.profiles))})")
+        self.profile = profile
         self.profile_name = name
 
     def prompt_facts(
@@ -95,10 +99,15 @@ class Router:
         if endpoint == "chat":
             data = canonical_chat_bytes(body["messages"])
         else:
+            prompt = body["prompt"]
             try:
-                data = canonical_completion_bytes(body["prompt"])
+                data = canonical_completion_bytes(prompt)
             except ValueError:  # token ids beyond 32 bits: still a valid request, hash its JSON
-                data = orjson.dumps(body["prompt"])
+                # ... but count its ids, as for small ids (its first prompt's): the JSON text is
+                # 3-4 times longer, and would reserve that much more and refuse it as too large.
+                keys = byte_block_keys(orjson.dumps(prompt), self.index_block_tokens * 4, seed)
+                first = prompt[0] if isinstance(prompt[0], list) else prompt
+                return PromptFacts(len(first), False, keys)
         keys = byte_block_keys(data, self.index_block_tokens * 4, seed)
         return PromptFacts(estimate_tokens(len(data)), False, keys)
 
