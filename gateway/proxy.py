@@ -219,8 +219,10 @@ class ProxyEndpoint:
         forwarder got done (the same object it returns), so a cancelled stream counts too."""
         gw = self.gw
         m = gw.metrics
-        m.request_done(model, status)
         p = progress
+        if p.slow_client:
+            status = 499  # kvgate dropped a client that stopped reading: the client's doing
+        m.request_done(model, status)
         if p.first_byte_at is not None:
             mm = m.for_model(model)
             mm.ttft.observe(p.first_byte_at - t0)
