@@ -3,7 +3,8 @@
 Failover happens on a connect error, a timeout before the first byte, a 502/503 from the replica, or
 (non-streaming) a connection that breaks before the whole answer arrived — always before anything has
 gone to the client. Once the first byte is out, a broken stream ends with an SSE error event and
-`data: [DONE]`, never a hang. Other replica statuses and error bodies pass through unchanged.
+`data: [DONE]`, never a hang. Other replica statuses and error bodies pass through unchanged. A stream
+that delivered `data: [DONE]` is whole, however the connection ends after it.
 
 Whose fault a timeout is decides what follows. Waits on the replica are bounded by `Timeouts`'
 connect, first-byte, chunk and response windows: one running out is the replica's failure (reported
@@ -259,8 +260,11 @@ class Forwarder:
             out.usage = filt.usage
             out.events = filt.events
         rest = filt.flush()
-        if failed is None and filt.done:
-            resp.release()
+        if filt.done:
+            # The answer is whole, however the connection ended after [DONE] (closed: a close-delimited
+            # body; stalled): the client has nothing to wait for and the replica did its job.
+            if failed is None:
+                resp.release()
             tail = rest
         else:
             kind = out.error_kind = failed or "stream_broken"  # closed cleanly, but without [DONE]

@@ -22,6 +22,7 @@ from policies.types import ReplicaState
 from tests.gateway.scripted_replica import (
     LAST_CHUNK,
     SSE_HEAD,
+    SSE_HEAD_CLOSE_DELIMITED,
     Handler,
     Scripted,
     chunk,
@@ -313,6 +314,35 @@ async def test_a_stream_ending_without_done_is_broken(end: bytes) -> None:
         out = await h.forward(h.dispatch([r0.url]), c)
     assert c.body.startswith(ROLE + TOKEN) and sse_error(c.body)["code"] == 502
     assert h.reports == [("r0", "stream_broken")] and out.error_kind == "stream_broken"
+
+
+@pytest.mark.parametrize(
+    "head", [SSE_HEAD_CLOSE_DELIMITED, SSE_HEAD], ids=["close-delimited", "chunked, unterminated"]
+)
+async def test_a_stream_that_delivered_done_and_then_closed_succeeded(head: bytes) -> None:
+    async def then_closes(r: asyncio.StreamReader, w: asyncio.StreamWriter, state: Scripted) -> None:
+        await read_request(r, state)
+        w.write(head + (STREAM if head is SSE_HEAD_CLOSE_DELIMITED else chunk(STREAM)))
+        await w.drain()  # and the handler returns: the connection closes
+
+    async with forwarder() as h, scripted(then_closes) as r0:
+        c = Client()
+        out = await h.forward(h.dispatch([r0.url]), c)
+    assert c.body == STREAM and c.ended
+    assert h.reports == [] and out.error_kind is None and out.usage == Usage(25, 16, 0)
+
+
+async def test_a_close_delimited_stream_without_done_is_broken() -> None:
+    async def closes(r: asyncio.StreamReader, w: asyncio.StreamWriter, state: Scripted) -> None:
+        await read_request(r, state)
+        w.write(SSE_HEAD_CLOSE_DELIMITED + ROLE + TOKEN)
+        await w.drain()
+
+    async with forwarder() as h, scripted(closes) as r0:
+        c = Client()
+        await h.forward(h.dispatch([r0.url]), c)
+    assert c.body.startswith(ROLE + TOKEN) and sse_error(c.body)["code"] == 502
+    assert h.reports == [("r0", "stream_broken")]
 
 
 # -- the client's side --------------------------------------------------------------------------------
