@@ -259,20 +259,22 @@ class Forwarder:
         finally:  # also when cancelled: settling a stream the client left needs the events relayed
             out.usage = filt.usage
             out.events = filt.events
-        rest = filt.flush()
+        held, partial = filt.flush()  # events a CR-framed stream's last read could not yet end
+        out.usage = filt.usage
+        out.events = filt.events
         if filt.done:
             # The answer is whole, however the connection ended after [DONE] (closed: a close-delimited
             # body; stalled): the client has nothing to wait for and the replica did its job.
             if failed is None:
                 resp.release()
-            tail = rest
+            tail = held + partial
         else:
             kind = out.error_kind = failed or "stream_broken"  # closed cleanly, but without [DONE]
             self._metrics.upstream_errors.labels(replica.name, kind).inc()
             self._report_failure(replica.name, kind)
             err = GatewayError(502, f"the replica stopped answering mid-stream ({kind})")
-            # A partial event left in `rest` is dropped: the client could not parse it anyway.
-            tail = err.sse_event() + _DONE
+            # A partial event is dropped: the client could not parse it, nor the error event after it.
+            tail = held + err.sse_event() + _DONE
         try:
             async with asyncio.timeout(self._t.send_s):
                 await send({"type": "http.response.body", "body": tail, "more_body": False})

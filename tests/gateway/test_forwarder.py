@@ -279,6 +279,17 @@ async def test_usage_is_taken_from_a_stream_and_stripped_when_the_client_did_not
     assert out.first_byte_at is not None and out.ended_at is not None
 
 
+@pytest.mark.parametrize("sep", [b"\r\n\r\n", b"\r\r"], ids=["CRLF", "CR"])
+async def test_a_stream_framed_with_cr_line_ends_is_relayed_whole_with_its_usage(sep: bytes) -> None:
+    framed = b"".join(e + sep for e in STREAM.split(b"\n\n") if e)
+    usage_event = next(e + sep for e in STREAM.split(b"\n\n") if b'"usage":{' in e)
+    async with forwarder() as h, scripted(answers(SSE_HEAD + chunk(framed) + LAST_CHUNK)) as r0:
+        c = Client()
+        out = await h.forward(h.dispatch([r0.url], strip_usage=True), c)
+    assert c.body == framed.replace(usage_event, b"") and c.ended
+    assert out.usage == Usage(25, 16, 0) and out.error_kind is None and h.reports == []
+
+
 # -- streams that end badly ---------------------------------------------------------------------------
 
 
