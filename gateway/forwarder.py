@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable, MutableMapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -69,7 +69,6 @@ class Outcome:
     error_detail: str = ""  # what the last failed attempt said, for the client's error message
     attempts: int = 0
     slow_client: bool = False  # kvgate gave up on a client that took nothing for send_s (its doing)
-    chunk_times: list[float] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -84,6 +83,9 @@ class Dispatch:
     response_headers: list[tuple[bytes, bytes]]
     on_attempt: Callable[[ReplicaState], None]  # called before each try (in-flight +1, index record)
     on_attempt_end: Callable[[ReplicaState], None]  # after each try, whatever happened
+    # Each gap between two stream chunks relayed to the client, in seconds, as the stream goes
+    # (the model's inter-chunk latency histogram): n chunks relayed, n - 1 calls.
+    observe_itl: Callable[[float], None] = lambda _gap: None
 
 
 class Forwarder:
@@ -231,8 +233,9 @@ class Forwarder:
         for the client by send_s (one `StallWatch`: no per-chunk timer work)."""
         headers = [*_SSE_HEADERS, (b"x-kvgate-replica", replica.name.encode()), *d.response_headers]
         filt = SseFilter(strip_usage=d.strip_usage)
-        times = out.chunk_times
+        observe_itl = d.observe_itl
         clock = time.perf_counter
+        last = 0.0  # clock() when the last chunk was relayed (0: none yet)
         watch = StallWatch(replica_s=self._t.chunk_s, client_s=self._t.send_s)
         failed: str | None = None
         try:
@@ -242,9 +245,12 @@ class Forwarder:
                 out.first_byte_at = clock()
                 data = first
                 while data:
-                    times.append(clock())
                     chunk = filt.feed(data)
                     if chunk:
+                        now = clock()
+                        if last:
+                            observe_itl(now - last)
+                        last = now
                         await send({"type": "http.response.body", "body": chunk, "more_body": True})
                     watch.step += 1  # waiting on the replica
                     data = await resp.read_some()

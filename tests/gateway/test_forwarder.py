@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import socket
 from collections.abc import AsyncIterator, MutableMapping, Sequence
 from typing import Any
@@ -111,6 +112,7 @@ class Harness:
             response_headers=[(b"x-test", b"1")],
             on_attempt=lambda r: self.attempts.append(r.name),
             on_attempt_end=lambda r: self.ended.append(r.name),
+            observe_itl=self.metrics.for_model(MODEL).itl.observe,
         )
 
     async def forward(self, d: Dispatch, client: Client) -> Outcome:
@@ -413,3 +415,35 @@ async def test_a_unary_client_that_stops_reading_neither_fails_over_nor_blames_t
         out = await h.forward(h.dispatch([r0.url, r1.url], stream=False), c)
     assert out.slow_client and out.status == 200 and c.status == 200
     assert h.reports == [] and r1.accepted == 0 and out.usage is not None
+
+
+# -- what a stream costs to keep ---------------------------------------------------------------------
+
+
+async def test_inter_chunk_latency_is_observed_as_the_stream_goes() -> None:
+    events = [ROLE, *[TOKEN] * 8, DONE]
+
+    async def paced(r: asyncio.StreamReader, w: asyncio.StreamWriter, state: Scripted) -> None:
+        await read_request(r, state)
+        w.write(SSE_HEAD)
+        for e in events:
+            w.write(chunk(e))
+            await w.drain()
+            await asyncio.sleep(0.01)
+        w.write(LAST_CHUNK)
+        await until_closed(r, state)
+
+    async with forwarder() as h, scripted(paced) as r0:
+        c = Client()
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        out = await h.forward(h.dispatch([r0.url]), c)
+        elapsed = loop.time() - t0
+    relayed = c.relayed_chunks()
+    assert c.body == b"".join(events) and relayed >= 2
+    count = h.metric("kvgate_inter_chunk_latency_seconds_count", model=MODEL)
+    total = h.metric("kvgate_inter_chunk_latency_seconds_sum", model=MODEL)
+    assert count == relayed - 1
+    assert 0 < total <= elapsed
+    # Nothing in the outcome grows with the stream.
+    assert not any(isinstance(getattr(out, f.name), list | dict | bytearray) for f in dataclasses.fields(out))
