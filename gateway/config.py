@@ -29,6 +29,9 @@ class ServerConfig(_Strict):
     host: str = "127.0.0.1"
     port: int = Field(8080, ge=0, le=65535)
     max_body_bytes: int = Field(4 * 1024 * 1024, gt=0)
+    # A client whose connection takes nothing for this long is dropped (recorded as 499, the request
+    # aborted on the replica): a client that stopped reading must not hold a replica's slot.
+    send_timeout_s: float = Field(30.0, gt=0)
     debug_headers: bool = False  # adds x-kvgate-route with the winner's per-scorer scores
     log_level: Literal["debug", "info", "warning", "error"] = "info"
 

@@ -3,7 +3,15 @@
 Failover happens on a connect error, a timeout before the first byte, a 502/503 from the replica, or
 (non-streaming) a connection that breaks before the whole answer arrived — always before anything has
 gone to the client. Once the first byte is out, a broken stream ends with an SSE error event and
-`data: [DONE]`, never a hang. Other replica statuses and error bodies pass through unchanged.
+`data: [DONE]`, never a hang. Other replica statuses and error bodies pass through unchanged. A stream
+that delivered `data: [DONE]` is whole, however the connection ends after it.
+
+Whose fault a timeout is decides what follows. Waits on the replica are bounded by `Timeouts`'
+connect, first-byte, chunk and response windows: one running out is the replica's failure (reported
+to the fleet, which may eject it). Waits on the client — its socket taking what kvgate sends — are
+bounded by `send_s`: one running out is the client's doing (`Outcome.slow_client`): the upstream
+request is closed, nothing is reported against the replica, and the client's connection is left
+unfinished for the server to close.
 
 Closing the upstream response is how a request is cancelled: vLLM aborts it and frees its KV blocks.
 """
@@ -13,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable, MutableMapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -21,6 +29,7 @@ import orjson
 from gateway.errors import GatewayError
 from gateway.metrics import GatewayMetrics
 from gateway.sse_filter import SseFilter, Usage, usage_from
+from gateway.stall_watch import StallWatch
 from gateway.upstream import BrokenError, ConnectError, UpstreamPool, UpstreamResponse
 from policies.types import ReplicaState
 
@@ -37,10 +46,13 @@ _RETRY_STATUSES = frozenset({502, 503})
 
 @dataclass(frozen=True, slots=True)
 class Timeouts:
+    """Seconds, each a delay from the start of the wait it bounds."""
+
     connect_s: float
     first_byte_s: float  # streaming: until the first chunk; covers replica queueing and prefill
-    chunk_s: float  # streaming: between two chunks
-    response_s: float  # non-streaming: until the whole answer
+    chunk_s: float  # streaming: between two chunks from the replica
+    response_s: float  # non-streaming: until the whole answer has arrived from the replica
+    send_s: float  # one send to the client: how long its socket may take nothing (server.send_timeout_s)
 
 
 @dataclass(slots=True)
@@ -56,7 +68,7 @@ class Outcome:
     error_kind: str | None = None  # connect, connect_timeout, timeout, status_5xx, stream_broken, ...
     error_detail: str = ""  # what the last failed attempt said, for the client's error message
     attempts: int = 0
-    chunk_times: list[float] = field(default_factory=list)
+    slow_client: bool = False  # kvgate gave up on a client that took nothing for send_s (its doing)
 
 
 @dataclass(slots=True)
@@ -71,6 +83,9 @@ class Dispatch:
     response_headers: list[tuple[bytes, bytes]]
     on_attempt: Callable[[ReplicaState], None]  # called before each try (in-flight +1, index record)
     on_attempt_end: Callable[[ReplicaState], None]  # after each try, whatever happened
+    # Each gap between two stream chunks relayed to the client, in seconds, as the stream goes
+    # (the model's inter-chunk latency histogram): n chunks relayed, n - 1 calls.
+    observe_itl: Callable[[float], None] = lambda _gap: None
 
 
 class Forwarder:
@@ -124,9 +139,13 @@ class Forwarder:
     async def _try_one(
         self, d: Dispatch, replica: ReplicaState, send: Send, out: Outcome, last: bool
     ) -> bool:
-        """One attempt. True when the client got its answer (or an error it must see); False to retry."""
+        """One attempt. True when the client got its answer (or an error it must see, or kvgate gave
+        up on the client); False to retry, only ever before anything was sent to the client. The
+        replica's timeout covers only waiting on the replica: sending is bounded on its own."""
         timeout_s = self._t.first_byte_s if d.stream else self._t.response_s
         resp: UpstreamResponse | None = None
+        whole: bytes | None = None
+        first = b""
         try:
             async with asyncio.timeout(timeout_s):
                 resp = await self._pool.post(replica.url, d.path, d.body)
@@ -135,11 +154,10 @@ class Forwarder:
                     out.error_kind = "status_5xx"
                     return False
                 if resp.status != 200 or not d.stream:
-                    body = await resp.read()
+                    whole = await resp.read()
                     resp.release()
-                    await self._send_whole(d, replica, resp, body, send, out)
-                    return True
-                first = await resp.read_some()
+                else:
+                    first = await resp.read_some()
         except TimeoutError:
             if resp is not None:
                 resp.close()
@@ -164,6 +182,10 @@ class Forwarder:
             if resp is not None:
                 resp.close()  # cancelled (client gone): closing aborts the request on the replica
             raise
+        assert resp is not None
+        if whole is not None:
+            await self._send_whole(d, replica, resp, whole, send, out)
+            return True
         try:
             await self._relay(d, replica, resp, first, send, out)
         finally:
@@ -190,10 +212,15 @@ class Forwarder:
             (b"x-kvgate-replica", replica.name.encode()),
             *d.response_headers,
         ]
-        await send({"type": "http.response.start", "status": resp.status, "headers": headers})
-        out.status = resp.status
-        out.first_byte_at = time.perf_counter()
-        await send({"type": "http.response.body", "body": body, "more_body": False})
+        try:
+            async with asyncio.timeout(self._t.send_s):
+                await send({"type": "http.response.start", "status": resp.status, "headers": headers})
+                out.status = resp.status
+                out.first_byte_at = time.perf_counter()
+                await send({"type": "http.response.body", "body": body, "more_body": False})
+        except TimeoutError:
+            self._gave_up_on_client(out)
+            return
         out.ended_at = time.perf_counter()
 
     async def _relay(
@@ -205,58 +232,71 @@ class Forwarder:
         send: Send,
         out: Outcome,
     ) -> None:
+        """Stream the answer as it comes. Each wait for the replica is bounded by chunk_s, each wait
+        for the client by send_s (one `StallWatch`: no per-chunk timer work)."""
         headers = [*_SSE_HEADERS, (b"x-kvgate-replica", replica.name.encode()), *d.response_headers]
-        await send({"type": "http.response.start", "status": 200, "headers": headers})
-        out.status = 200
         filt = SseFilter(strip_usage=d.strip_usage)
-        times = out.chunk_times
-        chunk = filt.feed(first)
-        now = time.perf_counter()
-        out.first_byte_at = now
-        times.append(now)
-        loop = asyncio.get_running_loop()
-        chunk_s = self._t.chunk_s
-        # Moving the deadline on every chunk costs a timer-heap push each time; moving it only when a
-        # tenth of the window has passed keeps the bound within 10% for a fraction of the work.
-        slack = chunk_s / 10
+        observe_itl = d.observe_itl
+        clock = time.perf_counter
+        last = 0.0  # clock() when the last chunk was relayed (0: none yet)
+        watch = StallWatch(replica_s=self._t.chunk_s, client_s=self._t.send_s)
+        failed: str | None = None
         try:
-            async with asyncio.timeout(loop.time() + chunk_s) as tm:
-                armed = loop.time()
-                if chunk:
-                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
-                while True:
-                    data = await resp.read_some()
-                    if not data:
-                        break
-                    now = time.perf_counter()
-                    times.append(now)
-                    t = loop.time()
-                    if t - armed > slack:
-                        tm.reschedule(t + chunk_s)
-                        armed = t
+            async with watch:  # on the client's side from here, until the first read
+                await send({"type": "http.response.start", "status": 200, "headers": headers})
+                out.status = 200
+                out.first_byte_at = clock()
+                data = first
+                while data:
                     chunk = filt.feed(data)
                     if chunk:
+                        now = clock()
+                        if last:
+                            observe_itl(now - last)
+                        last = now
                         await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                    watch.step += 1  # waiting on the replica
+                    data = await resp.read_some()
+                    watch.step += 1  # on the client
         except TimeoutError:
-            out.error_kind = "stream_timeout"
+            if watch.expired == "client":
+                self._gave_up_on_client(out)
+                return
+            failed = "stream_timeout"
         except BrokenError:
-            out.error_kind = "stream_broken"
+            failed = "stream_broken"
         finally:  # also when cancelled: settling a stream the client left needs the events relayed
             out.usage = filt.usage
             out.events = filt.events
-        rest = filt.flush()
-        if out.error_kind is None and filt.done:
-            resp.release()
-            await send({"type": "http.response.body", "body": rest, "more_body": False})
+        held, partial = filt.flush()  # events a CR-framed stream's last read could not yet end
+        out.usage = filt.usage
+        out.events = filt.events
+        if filt.done:
+            # The answer is whole, however the connection ended after [DONE] (closed: a close-delimited
+            # body; stalled): the client has nothing to wait for and the replica did its job.
+            if failed is None:
+                resp.release()
+            tail = held + partial
         else:
-            if out.error_kind is None:
-                out.error_kind = "stream_broken"  # the replica closed cleanly but without [DONE]
-            self._metrics.upstream_errors.labels(replica.name, out.error_kind).inc()
-            self._report_failure(replica.name, out.error_kind)
-            err = GatewayError(502, f"the replica stopped answering mid-stream ({out.error_kind})")
-            # A partial event left in `rest` is dropped: the client could not parse it anyway.
-            await send({"type": "http.response.body", "body": err.sse_event() + _DONE, "more_body": False})
+            kind = out.error_kind = failed or "stream_broken"  # closed cleanly, but without [DONE]
+            self._metrics.upstream_errors.labels(replica.name, kind).inc()
+            self._report_failure(replica.name, kind)
+            err = GatewayError(502, f"the replica stopped answering mid-stream ({kind})")
+            # A partial event is dropped: the client could not parse it, nor the error event after it.
+            tail = held + err.sse_event() + _DONE
+        try:
+            async with asyncio.timeout(self._t.send_s):
+                await send({"type": "http.response.body", "body": tail, "more_body": False})
+        except TimeoutError:
+            self._gave_up_on_client(out)
+            return
         out.ended_at = time.perf_counter()
+
+    def _gave_up_on_client(self, out: Outcome) -> None:
+        """The client took nothing for send_s: its doing, not the replica's. The caller's return
+        closes the upstream request; the ASGI server closes the unfinished client response."""
+        out.slow_client = True
+        self._metrics.slow_clients.inc()
 
 
 def _final_error(kind: str, detail: str) -> GatewayError:

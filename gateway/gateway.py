@@ -70,6 +70,7 @@ class Gateway:
                 first_byte_s=up.first_byte_timeout_s,
                 chunk_s=up.chunk_timeout_s,
                 response_s=up.response_timeout_s,
+                send_s=self.config.server.send_timeout_s,
             ),
             up.max_retries,
             self.metrics,

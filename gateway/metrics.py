@@ -103,6 +103,12 @@ class GatewayMetrics:
         self.client_disconnects = Counter(
             "kvgate_client_disconnects", "Clients that went away before the answer ended.", registry=r
         )
+        self.slow_clients = Counter(
+            "kvgate_slow_clients",
+            "Answers kvgate cut short because the client took nothing for server.send_timeout_s "
+            "(recorded with status 499; the replica is not blamed).",
+            registry=r,
+        )
         self.in_flight = Gauge("kvgate_requests_in_flight", "Requests being answered right now.", registry=r)
         self._tenant_metrics(r)
 

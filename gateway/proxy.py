@@ -179,6 +179,7 @@ class ProxyEndpoint:
             response_headers=headers,
             on_attempt=on_attempt,
             on_attempt_end=on_attempt_end,
+            observe_itl=gw.metrics.for_model(info.base_model).itl.observe,
         )
         return await gw.forwarder.forward(dispatch, guarded_send, progress)
 
@@ -216,21 +217,17 @@ class ProxyEndpoint:
         progress: Outcome,
     ) -> None:
         """Metrics and settlement for every request, however it ended. `progress` is what the
-        forwarder got done (the same object it returns), so a cancelled stream counts too."""
+        forwarder got done (the same object it returns), so a cancelled stream counts too. The
+        inter-chunk latency is observed by the forwarder as the stream goes."""
         gw = self.gw
         m = gw.metrics
-        m.request_done(model, status)
         p = progress
+        if p.slow_client:
+            status = 499  # kvgate dropped a client that stopped reading: the client's doing
+        m.request_done(model, status)
         if p.first_byte_at is not None:
             mm = m.for_model(model)
             mm.ttft.observe(p.first_byte_at - t0)
-            times = p.chunk_times
-            if len(times) > 1:
-                observe = mm.itl.observe
-                prev = times[0]
-                for t in times[1:]:
-                    observe(t - prev)
-                    prev = t
             if p.ended_at is not None:
                 mm.e2e.observe(p.ended_at - t0)
         if admitted is not None:

@@ -5,18 +5,26 @@ tokens needs the real usage. When the client did not ask for it, the usage-only 
 (`"choices": []` + `usage`) is removed from what the client sees. Every other byte passes through
 as the replica wrote it.
 
-Cost per upstream read: one `rfind`, a membership test or two, and no copies when the read ends on an
-event boundary (the common case). Only a read that carries the usage chunk is parsed as JSON.
+Events end at a blank line, and SSE lets a line end in LF, CRLF or a lone CR (mixed, even): `\n\n`,
+`\r\n\r\n` and `\r\r` all end an event. vLLM writes `\n\n`, so that is the fast path: a read that
+ends in `\n\n` (the common case) costs an `endswith`, a few membership tests and no copy; one that
+does not costs an `rfind` more and a copy of the tail held back. Only when a CR follows the last
+`\n\n` are CR-framed boundaries looked for. Only a read that carries the usage chunk is split into
+events and parsed as JSON.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 import orjson
 
 _USAGE_MARKS = (b'"usage":{', b'"usage": {')
 _ERROR_MARKS = (b'data: {"error"', b'data: {"object":"error"', b'data: {"object": "error"')
+# A line end (CRLF, LF or CR) that starts a line, i.e. an empty line: the end of an event. A CR
+# followed by LF is one line end, so an LF right after a CR does not start a line.
+_BLANK_LINE = re.compile(rb"(?:^|(?<=\n)|(?<=\r)(?!\n))(?:\r\n|\r|\n)")
 
 
 @dataclass(slots=True)
@@ -63,15 +71,32 @@ class SseFilter:
 
     def feed(self, data: bytes) -> bytes:
         buf = self._pending + data if self._pending else data
-        end = buf.rfind(b"\n\n")
-        if end < 0:
-            self._pending = buf
-            return b""
-        end += 2
-        if end == len(buf):
+        if buf.endswith(b"\n\n"):  # the common case: the read ends where an event does
             out, self._pending = buf, b""
         else:
+            end = buf.rfind(b"\n\n") + 2
+            if end == 1:
+                end = 0
+            if buf.find(b"\r", end) >= 0:  # CR line ends after the last LF boundary: slower framing
+                end = _last_event_end(buf, end, final=False)
+            if end == 0:
+                self._pending = buf
+                return b""
             out, self._pending = buf[:end], buf[end:]
+        return self._inspect(out)
+
+    def flush(self) -> tuple[bytes, bytes]:
+        """At the end of the stream: (the whole events still held back, inspected like `feed`'s
+        output; whatever partial event is left after them, untouched). Events are held back only when
+        their blank line ends in CR at the end of a read: the next byte could have made it CRLF."""
+        rest, self._pending = self._pending, b""
+        end = _last_event_end(rest, 0, final=True)
+        if end == 0:
+            return b"", rest
+        return self._inspect(rest[:end]), rest[end:]
+
+    def _inspect(self, out: bytes) -> bytes:
+        """`out` (whole events) with the usage chunk taken out if asked; notes usage, error, [DONE]."""
         if _USAGE_MARKS[0] in out or _USAGE_MARKS[1] in out:
             out = self._take_usage(out)
         if b'"error"' in out and any(m in out for m in _ERROR_MARKS):
@@ -81,19 +106,15 @@ class SseFilter:
         self.events += out.count(b"data: ")
         return out
 
-    def flush(self) -> bytes:
-        """Whatever partial event is left at the end of the stream (forwarded as is)."""
-        rest, self._pending = self._pending, b""
-        return rest
-
     def _take_usage(self, out: bytes) -> bytes:
         kept: list[bytes] = []
-        for event in out.split(b"\n\n"):
-            if not event:
-                continue
+        stripped = False
+        start = 0
+        for blank in _BLANK_LINE.finditer(out):
+            event, start = out[start : blank.end()], blank.end()
             if any(m in event for m in _USAGE_MARKS) and event.startswith(b"data: "):
                 try:
-                    obj = orjson.loads(event[6:])
+                    obj = orjson.loads(event[6:])  # the line end after the JSON is JSON whitespace
                 except orjson.JSONDecodeError:
                     kept.append(event)
                     continue
@@ -101,8 +122,33 @@ class SseFilter:
                 if usage is not None:
                     self.usage = usage
                     if self.strip_usage and isinstance(obj, dict) and not obj.get("choices"):
+                        stripped = True
                         continue
             kept.append(event)
-        if not kept:
-            return b""
-        return b"\n\n".join(kept) + b"\n\n"
+        if not stripped:
+            return out
+        kept.append(out[start:])
+        return b"".join(kept)
+
+
+def _last_event_end(buf: bytes, start: int, final: bool) -> int:
+    """The end of the last whole event in `buf[start:]` (which starts at an event boundary), or
+    `start` if none. An event ends after an empty line, i.e. a line end right after a line end: LF
+    then LF, LF then CR(LF), CR then CR(LF). A CR as the very last byte ends a line only when the
+    stream is over (`final`): otherwise the next read may bring its LF."""
+    n = len(buf)
+    best = start
+    i = buf.rfind(b"\n\n", start)
+    if i >= 0:
+        best = i + 2
+    limit = n if final else n - 1
+    # A pair may straddle `start`: the byte before it ended the previous event's blank line.
+    lookback = start - 1 if start > 0 else 0
+    for pair in (b"\n\r", b"\r\r"):
+        i = buf.rfind(pair, lookback, limit)
+        if i >= 0:
+            e = i + 2
+            if e < n and buf[e] == 0x0A:  # the empty line ended in CRLF
+                e += 1
+            best = max(best, e)
+    return best

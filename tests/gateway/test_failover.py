@@ -3,13 +3,30 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import socket
+from collections.abc import AsyncIterator
+from typing import Any
 
 import httpx
 import orjson
 from prometheus_client.parser import text_string_to_metric_families
 
+from gateway.config import parse_config
+from gateway.server import GatewayServer
+from gateway.tokenizers import SimTokenizer
 from simulator.server.faults import FaultConfig
-from tests.gateway.stack import chat, metric_value, stack, wait_for
+from tests.gateway.scripted_replica import (
+    LAST_CHUNK,
+    SSE_HEAD,
+    Scripted,
+    chunk,
+    scripted,
+    serves_vllm,
+    until_closed,
+)
+from tests.gateway.stack import MODEL, chat, merge, metric_value, stack, wait_for
+from tests.gateway.tenancy_stack import ADMIN_KEY, auth, tenancy_stack, tenant
 
 
 async def replica_metric(url: str, name: str, labels: dict[str, str] | None = None) -> float:
@@ -143,3 +160,116 @@ async def test_client_disconnect_aborts_the_request_on_the_replica() -> None:
             await asyncio.sleep(0.05)
         assert await aborted() == 2
         assert await metric_value(s.client, "kvgate_client_disconnects_total") == 2
+
+
+async def test_a_replica_stalling_early_in_a_stream_is_cut_off_and_the_tenant_settled() -> None:
+    """The replica sends two chunks at once and then nothing, socket open: the client gets an error
+    event and [DONE] within the chunk timeout, and the tenant's slot and reservation come back (it is
+    charged the documented estimate: prompt + events relayed)."""
+    capacity = 1000
+    cfg = {
+        "tenants": [tenant("acme", limits={"tpm": 1, "tpm_burst": capacity, "max_concurrency": 1})],
+        "upstream": {"chunk_timeout_s": 0.5},
+    }
+    async with tenancy_stack(cfg, replicas=1, hang_after_chunks=2) as s:
+        body = chat("stall early " * 10, max_tokens=20, stream=True, model="hang-llama")
+        async with asyncio.timeout(5), s.client.stream(
+            "POST", "/v1/chat/completions", json=body, headers=auth("acme")
+        ) as r:
+            assert r.status_code == 200
+            events = [line async for line in r.aiter_lines() if line.startswith("data: ")]
+        assert len(events) == 4 and events[-1] == "data: [DONE]"
+        assert orjson.loads(events[-2][6:])["error"]["code"] == 502
+        gw = s.gateway
+        acme = gw.tenancy.find("acme")
+        await wait_for(lambda: gw.tenancy.summary(acme)["in_flight"] == 0, timeout=5)
+        assert gw.tenancy.admission is not None and gw.tenancy.admission.in_flight_of("acme") == 0
+        assert await metric_value(s.client, "kvgate_upstream_errors_total", {"kind": "stream_timeout"}) == 1
+        prompt = len(SimTokenizer().encode_chat(body["messages"]))
+        admin = {"authorization": f"Bearer {ADMIN_KEY}"}
+        buckets = (await s.client.get("/admin/tenants/acme", headers=admin)).json()["buckets"]
+        level = buckets["tokens"]["level"]
+        assert capacity - (prompt + 2) <= level <= capacity - (prompt + 2) + 1  # refills 1/60 token/s
+        # max_concurrency 1: the slot is free again
+        r2 = await s.client.post("/v1/chat/completions", json=chat("next"), headers=auth("acme"))
+        assert r2.status_code == 200
+
+
+@contextlib.asynccontextmanager
+async def gateway_over(replica_url: str, config: dict[str, Any]) -> AsyncIterator[GatewayServer]:
+    """kvgate in front of one scripted replica (`serves_vllm`), once it has been scraped."""
+    base = {
+        "replicas": [{"url": replica_url, "model": MODEL, "name": "r0"}],
+        "fleet": {"scrape_interval_s": 0.05, "health_interval_s": 0.1, "models_poll_interval_s": 0.2},
+        "scheduling": {"seed": 1},
+    }
+    async with GatewayServer(parse_config(merge(base, config))) as server:
+        await wait_for(server.gateway.ready)
+        yield server
+
+
+async def test_a_client_that_stops_reading_is_dropped_without_blaming_the_replica() -> None:
+    """A real client on loopback with a small receive buffer asks for a stream and reads nothing, while
+    the replica streams far more than the sockets in between hold. Once kvgate's sends to the client
+    stay blocked for send_timeout_s, the request ends as the client's doing: recorded 499, the upstream
+    request closed, the replica neither reported nor ejected, and the client's connection ends."""
+    token = b'data: {"choices":[{"index":0,"delta":{"content":" zaf"}}]}\n\n'
+
+    async def floods(r: asyncio.StreamReader, w: asyncio.StreamWriter, state: Scripted) -> None:
+        w.write(SSE_HEAD)
+        piece = chunk(token * 400)  # ~24 KB
+        for _ in range(4000):  # ~100 MB: more than any socket buffer between kvgate and the client
+            w.write(piece)
+            await w.drain()
+        w.write(chunk(b"data: [DONE]\n\n") + LAST_CHUNK)
+        await until_closed(r, state)
+
+    capacity = 10**9
+    cfg = {
+        "server": {"send_timeout_s": 0.5},
+        "fleet": {"eject_after_failures": 1},
+        "tenants": [tenant("acme", limits={"tpm": 1, "tpm_burst": capacity})],
+    }
+    async with scripted(serves_vllm(floods)) as replica, gateway_over(replica.url, cfg) as server:
+        gw = server.gateway
+        loop = asyncio.get_running_loop()
+        host, port = server.url.removeprefix("http://").split(":")
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # before connect: the window stays small
+        sock.setblocking(False)
+        try:
+            await loop.sock_connect(sock, (host, int(port)))
+            body = orjson.dumps(chat("tell me everything", max_tokens=3500, stream=True))
+            head = (
+                b"POST /v1/chat/completions HTTP/1.1\r\nhost: kvgate\r\ncontent-type: application/json\r\n"
+                b"authorization: %s\r\n" % auth("acme")["authorization"].encode()
+            )
+            await loop.sock_sendall(sock, head + b"content-length: %d\r\n\r\n" % len(body) + body)
+
+            def sample(name: str, **labels: str) -> float:
+                return gw.metrics.registry.get_sample_value(name, labels) or 0.0
+
+            await wait_for(lambda: sample("kvgate_requests_total", model=MODEL, status="499") == 1, 15)
+            await asyncio.wait_for(replica.eof.wait(), 5)  # the upstream request was closed
+            assert sample("kvgate_slow_clients_total") == 1
+            assert sample("kvgate_upstream_errors_total", replica="r0", kind="stream_timeout") == 0
+            assert sample("kvgate_client_disconnects_total") == 0
+            assert gw.fleet.snapshot().replicas[0].healthy
+            # The tenant is settled: its slot back, charged what was relayed (no usage came: prompt +
+            # events, per charge_for), and its bucket holds exactly that charge.
+            acme = gw.tenancy.find("acme")
+            await wait_for(lambda: gw.tenancy.summary(acme)["in_flight"] == 0, 5)
+            assert gw.tenancy.admission is not None and gw.tenancy.admission.in_flight_of("acme") == 0
+            used = gw.tenancy.summary(acme)["used"]
+            assert used["requests"] == 1 and used["tokens"] > 100  # hundreds of events went out
+            level = (await gw.tenancy.status(acme))["buckets"]["tokens"]["level"]
+            assert capacity - used["tokens"] <= level <= capacity - used["tokens"] + 1
+            # What the client gets when it reads at last: the start of the stream, then the end of the
+            # connection, without [DONE] (an unfinished chunked body: the client can tell).
+            got = bytearray()
+            async with asyncio.timeout(10):
+                while data := await loop.sock_recv(sock, 1 << 16):
+                    got += data
+            assert got.startswith(b"HTTP/1.1 200") and b"data: [DONE]" not in got
+        finally:
+            sock.close()

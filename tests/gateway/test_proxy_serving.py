@@ -95,3 +95,16 @@ async def test_adapter_request_goes_to_the_base_pool() -> None:
         await wait_for(lambda: s.gateway.fleet.pool_of("sql-lora") is not None)
         r = await s.client.post("/v1/chat/completions", json=chat("select", max_tokens=2, model="sql-lora"))
         assert r.status_code == 200 and r.json()["model"] == "sql-lora"
+
+
+async def test_inter_chunk_latency_is_recorded_for_the_model_as_streams_go() -> None:
+    async with stack(replicas=1, time_scale=5.0) as s:
+        req = chat("pace me " * 10, max_tokens=6, stream=True)
+        async with s.client.stream("POST", "/v1/chat/completions", json=req) as r:
+            events = [line async for line in r.aiter_lines() if line.startswith("data: ")]
+        labels = {"model": MODEL}
+        count = await metric_value(s.client, "kvgate_inter_chunk_latency_seconds_count", labels)
+        total = await metric_value(s.client, "kvgate_inter_chunk_latency_seconds_sum", labels)
+        # A gap between each two chunks relayed; events that arrive from the replica together are
+        # relayed as one chunk, so there are at most as many gaps as events after the first.
+        assert 1 <= count <= len(events) - 1 and total > 0
