@@ -30,7 +30,7 @@ class Recorder:
 
 
 def forwarder(pool: UpstreamPool, recorder: Recorder) -> Forwarder:
-    timeouts = Timeouts(connect_s=1, first_byte_s=2, chunk_s=2, response_s=2)
+    timeouts = Timeouts(connect_s=1, first_byte_s=2, chunk_s=2, response_s=2, send_s=2)
     return Forwarder(pool, timeouts, max_retries=0, metrics=GatewayMetrics(), report_failure=recorder)
 
 
