@@ -36,7 +36,10 @@ if TYPE_CHECKING:
     from gateway.tenancy import Admitted
 
 log = logging.getLogger(__name__)
-_NO_REPLICA = GatewayError(503, "no replica can serve this model right now")
+
+# A message, not a shared GatewayError: each raise of one instance chains that request's traceback
+# (frames holding the body) onto it, so memory grew for as long as no replica could serve.
+_NO_REPLICA = "no replica can serve this model right now"
 
 
 class ProxyEndpoint:
@@ -147,7 +150,7 @@ class ProxyEndpoint:
         gw.metrics.decision_seconds.observe(time.perf_counter() - t)
         decision = routed.decision
         if not decision.ranked:
-            raise _NO_REPLICA
+            raise GatewayError(503, _NO_REPLICA)
         winner = decision.ranked[0].name
         if info.prefix_keys:
             gw.metrics.prefix_match.observe(routed.match.get(winner, 0) / len(info.prefix_keys))
