@@ -1,9 +1,10 @@
 """The two proxy endpoints, `/v1/chat/completions` and `/v1/completions`, as raw ASGI apps.
 
-One request: read the body (413), authenticate (401), parse (400), resolve the model (404) and the
-tenant's allow-list (403), reserve rate limits (429), pass flow control (queue, or 503 with
-Retry-After), pick a replica, forward and relay, then settle the tenant's tokens against the real
-usage and record metrics — whatever happened, including the client hanging up mid-way.
+One request: authenticate (401, from the headers, before a byte of the body is read), read the body
+(413), parse (400), resolve the model (404) and the tenant's allow-list (403), reserve rate limits
+(429), pass flow control (queue, or 503 with Retry-After), pick a replica, forward and relay, then
+settle the tenant's tokens against the real usage and record metrics — whatever happened, including
+the client hanging up mid-way.
 """
 
 from __future__ import annotations
@@ -66,8 +67,9 @@ class ProxyEndpoint:
         assert task is not None
         gw.metrics.in_flight.inc()
         try:
-            raw = await read_body(scope, receive, gw.config.server.max_body_bytes)
+            # The key is in the headers: an unauthenticated client never makes kvgate buffer a body.
             tenant = gw.tenancy.authenticate(header(scope, b"authorization"))
+            raw = await read_body(scope, receive, gw.config.server.max_body_bytes)
             req = parse_request(raw, self.endpoint)
             resolved = gw.fleet.pool_of(req.model)
             if resolved is None:

@@ -19,7 +19,9 @@ import httpx
 from gateway import proxy
 from gateway.config import parse_config
 from gateway.server import GatewayServer
+from tests.gateway.raw_http import RawConnection, post_head
 from tests.gateway.stack import MODEL, chat, merge
+from tests.gateway.tenancy_stack import tenant
 
 
 def closed_port() -> int:
@@ -69,3 +71,19 @@ async def test_no_replica_503_keeps_nothing_of_the_request_alive() -> None:
     assert _module_exceptions_with_traceback() == []
     gc.collect()
     assert _live_request_frames() == []
+
+
+async def test_a_request_without_a_valid_key_is_refused_before_its_body_is_read() -> None:
+    # An unauthenticated client must not make kvgate buffer a body (up to 4 MiB): the key is in the
+    # headers, so the 401 comes before the body is read. Here the body never arrives at all.
+    async with unroutable({"tenants": [tenant("a")]}) as client:
+        url = str(client.base_url).rstrip("/")
+        for key_header in ((), ("authorization: Bearer sk-wrong",)):
+            conn = await RawConnection.open(url, timeout=3.0)
+            try:
+                await conn.send(post_head("/v1/chat/completions", 4_000_000, *key_header) + b'{"mod')
+                r = await conn.response()
+            finally:
+                conn.close()
+            assert r.status == 401
+            assert r.json()["error"]["code"] in ("missing_api_key", "invalid_api_key")
