@@ -30,6 +30,7 @@ from gateway.asgi_io import (
 from gateway.errors import GatewayError, bad_request
 from gateway.forwarder import Dispatch, Outcome
 from gateway.request_parse import Endpoint, ParsedRequest, parse_request, unknown_model
+from policies.tenancy import reserved_output_tokens
 from policies.types import ReplicaState, RequestInfo
 
 if TYPE_CHECKING:
@@ -127,7 +128,7 @@ class ProxyEndpoint:
             base_model=base,
             adapter=adapter,
             prompt_tokens=facts.prompt_tokens,
-            max_tokens=max_tokens * req.n,
+            max_tokens=reserved_output_tokens(max_tokens, req.n, req.prompts),
             stream=req.stream,
             tenant=tenant,
             session_id=session.decode("latin-1") if session else None,
