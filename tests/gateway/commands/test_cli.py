@@ -147,3 +147,28 @@ def test_kvgate_up_stops_its_fleet_on_sigterm() -> None:
             proc.wait()
     with pytest.raises(httpx.HTTPError):
         httpx.get(sim_url + "/health", timeout=2)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("command", ["serve", "up"])
+def test_serve_and_up_refuse_what_check_config_refuses_before_listening(command: str, tmp_path: Path) -> None:
+    # serve used to skip the semantic checks: an unknown profile passed, and kvgate failed only in
+    # its start-up, after uvicorn had begun. Every command now loads a config through one function.
+    port = free_port()
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(
+        f"server: {{port: {port}}}\n"
+        "replicas: [{url: 'http://127.0.0.1:9', model: m}]\n"
+        "scheduling: {profile: nope}\n"
+    )
+    assert main(["check-config", str(bad)]) == 1
+    proc = subprocess.run(
+        [sys.executable, "-m", "gateway.cli", command, "--config", str(bad)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=45,
+    )
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "scheduling.profile: no profile named 'nope'" in proc.stderr
+    assert "kvgate is listening" not in proc.stdout and "Uvicorn" not in proc.stderr
