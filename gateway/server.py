@@ -53,7 +53,8 @@ def uvicorn_config(
         http=protocol_class(ClientLimits.of(server), app.connections),
         ws="none",  # kvgate serves no WebSocket; an upgrade request is answered as plain HTTP
         loop=loop,
-        timeout_keep_alive=server.keep_alive_timeout_s,  # type: ignore[arg-type]  # a float works
+        # Typed int by uvicorn, used only in call_later: a float works.
+        timeout_keep_alive=server.keep_alive_timeout_s,  # type: ignore[arg-type]
         backlog=2048,
         proxy_headers=False,  # kvgate reads no client address; the middleware is pure hot-path cost
         server_header=False,
