@@ -19,6 +19,7 @@ from gateway.asgi_io import Receive, Scope, Send
 from gateway.config import Config
 from gateway.errors import error_body
 from gateway.gateway import Gateway
+from gateway.http_protocol import ConnectionCounts
 from gateway.proxy import ProxyEndpoint
 
 PROMETHEUS_TEXT = "text/plain; version=0.0.4; charset=utf-8"
@@ -33,6 +34,7 @@ class KvgateApp:
         self.gateway: Gateway | None = None
         self._proxy: dict[str, ProxyEndpoint] = {}
         self._api = self._build_api()
+        self.connections = ConnectionCounts()  # filled by the server's protocol, shown in /metrics
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope["type"]
@@ -49,6 +51,7 @@ class KvgateApp:
 
     async def startup(self) -> Gateway:
         gw = self._given or Gateway(self.config)
+        gw.metrics.add_callback(self.connections.collect)
         await gw.start()
         self.gateway = gw
         self._proxy = {

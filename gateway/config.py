@@ -26,12 +26,23 @@ class _Strict(BaseModel):
 
 
 class ServerConfig(_Strict):
+    """The client side. The timeouts bound RECEIVING a request, never answering it (a stream may run
+    as long as the replica streams): `header_timeout_s` from the connection's first byte of a request
+    (or its opening) to the end of the headers, `body_timeout_s` from there to the end of the body,
+    as a whole (a body that trickles a byte a second still ends). Past either: 408 and close.
+    `keep_alive_timeout_s`: an idle connection between requests. Past `max_connections` open
+    connections, a new one's request is answered 503 with Retry-After and the connection closed."""
+
     host: str = "127.0.0.1"
     port: int = Field(8080, ge=0, le=65535)
     max_body_bytes: int = Field(4 * 1024 * 1024, gt=0)
     # A client whose connection takes nothing for this long is dropped (recorded as 499, the request
     # aborted on the replica): a client that stopped reading must not hold a replica's slot.
     send_timeout_s: float = Field(30.0, gt=0)
+    header_timeout_s: float = Field(10.0, gt=0, allow_inf_nan=False)
+    body_timeout_s: float = Field(30.0, gt=0, allow_inf_nan=False)
+    keep_alive_timeout_s: float = Field(30.0, gt=0, allow_inf_nan=False)
+    max_connections: int = Field(2048, ge=1)
     debug_headers: bool = False  # adds x-kvgate-route with the winner's per-scorer scores
     log_level: Literal["debug", "info", "warning", "error"] = "info"
 

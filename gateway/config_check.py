@@ -1,9 +1,24 @@
-"""Checks beyond the schema: do the named scheduling plugins and profiles exist and fit together, can
-the TLS CA file be loaded; and warnings about settings that work but weaken something."""
+"""Checks beyond the schema, and the one way a command loads a config.
+
+`load_checked` is what every command (`serve`, `up`, `check-config`) calls: the schema
+(`gateway.config`) and then `check_semantics`, so what `check-config` accepts is exactly what the
+server starts with, and no command can skip a check again. `config_warnings` names settings that
+work but weaken something (e.g. TLS verification off).
+"""
 
 from __future__ import annotations
 
-from gateway.config import Config, ConfigError
+from pathlib import Path
+
+from gateway.config import Config, ConfigError, load_config, parse_config
+
+
+def load_checked(path: str | Path | None) -> Config:
+    """The config at `path` (None: the empty config, every default), schema- and semantics-checked.
+    Raises ConfigError listing each problem as `path: reason`; reads nothing else, starts nothing."""
+    config = parse_config({}) if path is None else load_config(path)
+    check_semantics(config)
+    return config
 
 
 def check_semantics(config: Config) -> None:

@@ -17,6 +17,7 @@ _TYPES = {
     403: "permission_error",
     404: "not_found_error",
     405: "invalid_request_error",
+    408: "invalid_request_error",  # the client did not send its whole request in time
     413: "invalid_request_error",
     429: "rate_limit_error",
     500: "internal_error",

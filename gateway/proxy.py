@@ -1,9 +1,10 @@
 """The two proxy endpoints, `/v1/chat/completions` and `/v1/completions`, as raw ASGI apps.
 
-One request: read the body (413), authenticate (401), parse (400), resolve the model (404) and the
-tenant's allow-list (403), reserve rate limits (429), pass flow control (queue, or 503 with
-Retry-After), pick a replica, forward and relay, then settle the tenant's tokens against the real
-usage and record metrics — whatever happened, including the client hanging up mid-way.
+One request: authenticate (401, from the headers, before a byte of the body is read), read the body
+(413), parse (400), resolve the model (404) and the tenant's allow-list (403), reserve rate limits
+(429), pass flow control (queue, or 503 with Retry-After), pick a replica, forward and relay, then
+settle the tenant's tokens against the real usage and record metrics — whatever happened, including
+the client hanging up mid-way.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from gateway.asgi_io import (
 from gateway.errors import GatewayError, bad_request
 from gateway.forwarder import Dispatch, Outcome
 from gateway.request_parse import Endpoint, ParsedRequest, parse_request, unknown_model
+from policies.tenancy import reserved_output_tokens
 from policies.types import ReplicaState, RequestInfo
 
 if TYPE_CHECKING:
@@ -36,7 +38,10 @@ if TYPE_CHECKING:
     from gateway.tenancy import Admitted
 
 log = logging.getLogger(__name__)
-_NO_REPLICA = GatewayError(503, "no replica can serve this model right now")
+
+# A message, not a shared GatewayError: each raise of one instance chains that request's traceback
+# (frames holding the body) onto it, so memory grew for as long as no replica could serve.
+_NO_REPLICA = "no replica can serve this model right now"
 
 
 class ProxyEndpoint:
@@ -63,8 +68,9 @@ class ProxyEndpoint:
         assert task is not None
         gw.metrics.in_flight.inc()
         try:
-            raw = await read_body(scope, receive, gw.config.server.max_body_bytes)
+            # The key is in the headers: an unauthenticated client never makes kvgate buffer a body.
             tenant = gw.tenancy.authenticate(header(scope, b"authorization"))
+            raw = await read_body(scope, receive, gw.config.server.max_body_bytes)
             req = parse_request(raw, self.endpoint)
             resolved = gw.fleet.pool_of(req.model)
             if resolved is None:
@@ -122,7 +128,7 @@ class ProxyEndpoint:
             base_model=base,
             adapter=adapter,
             prompt_tokens=facts.prompt_tokens,
-            max_tokens=max_tokens * req.n,
+            max_tokens=reserved_output_tokens(max_tokens, req.n, req.prompts),
             stream=req.stream,
             tenant=tenant,
             session_id=session.decode("latin-1") if session else None,
@@ -147,7 +153,7 @@ class ProxyEndpoint:
         gw.metrics.decision_seconds.observe(time.perf_counter() - t)
         decision = routed.decision
         if not decision.ranked:
-            raise _NO_REPLICA
+            raise GatewayError(503, _NO_REPLICA)
         winner = decision.ranked[0].name
         if info.prefix_keys:
             gw.metrics.prefix_match.observe(routed.match.get(winner, 0) / len(info.prefix_keys))

@@ -32,6 +32,7 @@ class ParsedRequest:
     n: int
     body: dict[str, Any]
     has_priority: bool  # the client sent vLLM's `priority` field
+    prompts: int = 1  # completions with a list of prompts: vLLM runs one completion per prompt
 
 
 def _int_field(body: dict[str, Any], name: str, lo: int, hi: int) -> int | None:
@@ -71,21 +72,22 @@ def _check_messages(messages: Any) -> None:
         _check_content(m.get("content"), i)
 
 
-def _check_prompt(prompt: Any) -> None:
+def _check_prompt(prompt: Any) -> int:
+    """How many prompts `prompt` holds (a batch is a list of strings or of token-id lists)."""
     if prompt is None:
         raise bad_request("'prompt' is required", "prompt")
     if isinstance(prompt, str):
-        return
+        return 1
     if isinstance(prompt, list) and prompt:
         if all(isinstance(p, str) for p in prompt):
-            return
+            return len(prompt)
         if all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in prompt):
-            return
+            return 1
         if all(
             isinstance(p, list) and p and all(isinstance(t, int) and not isinstance(t, bool) for t in p)
             for p in prompt
         ):
-            return
+            return len(prompt)
     raise bad_request("'prompt' must be a string, a list of strings, or a list of token ids", "prompt")
 
 
@@ -106,13 +108,14 @@ def parse_request(raw: bytes, endpoint: Endpoint) -> ParsedRequest:
     if not isinstance(model, str) or not model.strip():
         raise bad_request("'model' must be a non-empty string", "model")
 
+    prompts = 1
     if endpoint == "chat":
         _check_messages(body.get("messages"))
         max_tokens = _int_field(body, "max_completion_tokens", 1, MAX_TOKENS_CEILING)
         if max_tokens is None:
             max_tokens = _int_field(body, "max_tokens", 1, MAX_TOKENS_CEILING)
     else:
-        _check_prompt(body.get("prompt"))
+        prompts = _check_prompt(body.get("prompt"))
         max_tokens = _int_field(body, "max_tokens", 1, MAX_TOKENS_CEILING)
 
     n = _int_field(body, "n", 1, MAX_N) or 1
@@ -145,6 +148,7 @@ def parse_request(raw: bytes, endpoint: Endpoint) -> ParsedRequest:
         n=n,
         body=body,
         has_priority=priority is not None,
+        prompts=prompts,
     )
 
 

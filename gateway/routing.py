@@ -18,12 +18,12 @@ from gateway.config import Config
 from gateway.tokenizers import Tokenizer, tokenizer_for
 from policies.prefix import byte_block_keys, seed_for, token_block_keys
 from policies.prefix_index import PrefixIndex
-from policies.prompt_text import canonical_chat_bytes, canonical_completion_bytes
+from policies.prompt_text import batch_prompts, canonical_chat_bytes, canonical_completion_bytes
 from policies.scheduling.builtin_profiles import BUILTIN_PROFILE_NAMES, builtin_profile_spec
 from policies.scheduling.context import SchedulingContext
 from policies.scheduling.profile import Decision, SchedulingProfile
 from policies.scheduling.registry import build_profile
-from policies.tenancy import estimate_tokens
+from policies.tenancy import estimate_prompt_tokens, estimate_tokens
 from policies.types import FleetSnapshot, RequestInfo
 
 SESSION_MAP_SIZE = 100_000
@@ -88,28 +88,39 @@ class Router:
     def prompt_facts(
         self, endpoint: str, body: Mapping[str, Any], base: str, adapter: str | None
     ) -> PromptFacts:
+        """Prompt tokens (exact with a tokenizer, else estimated) and prefix block keys. A completions
+        batch counts the tokens of every prompt but is keyed on its first: the batch goes to one
+        replica, and its first prompt decides where the shared prefix lives."""
         tok = self._tokenizers.get(base)
         seed = seed_for(base, adapter)
+        batch = None if endpoint == "chat" else batch_prompts(body["prompt"])
         if tok is not None:
-            ids = (
-                tok.encode_chat(body["messages"]) if endpoint == "chat" else tok.encode_prompt(body["prompt"])
-            )
+            if endpoint == "chat":
+                ids = tok.encode_chat(body["messages"])
+            else:
+                ids = tok.encode_prompt(body["prompt"] if batch is None else batch[0])
+            tokens = len(ids)
+            if batch is not None:
+                tokens += sum(len(tok.encode_prompt(p)) for p in batch[1:])
             keys = token_block_keys(ids, self.index_block_tokens, seed)
-            return PromptFacts(len(ids), True, keys)
+            return PromptFacts(tokens, True, keys)
         if endpoint == "chat":
             data = canonical_chat_bytes(body["messages"])
+            tokens = estimate_tokens(len(data))
         else:
             prompt = body["prompt"]
             try:
                 data = canonical_completion_bytes(prompt)
-            except ValueError:  # token ids beyond 32 bits: still a valid request, hash its JSON
-                # ... but count its ids, as for small ids (its first prompt's): the JSON text is
-                # 3-4 times longer, and would reserve that much more and refuse it as too large.
-                keys = byte_block_keys(orjson.dumps(prompt), self.index_block_tokens * 4, seed)
-                first = prompt[0] if isinstance(prompt[0], list) else prompt
-                return PromptFacts(len(first), False, keys)
+                tokens = estimate_tokens(len(data))
+            except ValueError:  # token ids beyond 32 bits: still a valid request, hash its JSON...
+                data = orjson.dumps(prompt)
+                # ... but count its ids (its first prompt's), as for small ids: the JSON text is 3-4
+                # times longer, and would reserve that much more and refuse it as too large.
+                tokens = estimate_prompt_tokens(prompt if batch is None else batch[0])
+            if batch is not None:
+                tokens += sum(estimate_prompt_tokens(p) for p in batch[1:])
         keys = byte_block_keys(data, self.index_block_tokens * 4, seed)
-        return PromptFacts(estimate_tokens(len(data)), False, keys)
+        return PromptFacts(tokens, False, keys)
 
     def decide(self, info: RequestInfo, snapshot: FleetSnapshot, now: float) -> Routed:
         candidates = snapshot.pool(info.base_model)

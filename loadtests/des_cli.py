@@ -160,9 +160,9 @@ def fleet_spec(args: argparse.Namespace) -> FleetSpec:
 def _gateway_base(path: Path | None) -> Any:
     if path is None:
         return None
-    from gateway.config import load_config
+    from gateway.config_check import load_checked
 
-    return load_config(path)
+    return load_checked(path)
 
 
 def run(args: argparse.Namespace, command: str) -> list[dict[str, Any]]:

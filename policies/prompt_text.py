@@ -105,6 +105,15 @@ def canonical_completion_bytes(prompt: str | Sequence[Any]) -> bytes:
     return pack_token_ids(cast(Sequence[int], prompt))
 
 
+def batch_prompts(prompt: Any) -> Sequence[Any] | None:
+    """The prompts of a completions batch (a list of strings or a list of token-id lists), or None
+    when `prompt` is one prompt (a string or a flat list of token ids). One type check for one prompt:
+    the common case pays nothing more."""
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0], str | list):
+        return prompt
+    return None
+
+
 def pack_token_ids(token_ids: Sequence[int]) -> bytes:
     """Token ids as 4-byte little-endian unsigned integers; ValueError outside [0, 2**32) or non-int.
 

@@ -14,7 +14,10 @@ Model allow-list syntax (config `models`), matched against the model name the cl
 - an empty list allows nothing.
 
 Token estimate: without a tokenizer, about 4 bytes of UTF-8 per token (English text with BPE
-tokenizers; the same ratio `policies.prefix` uses for byte blocks), rounded up, at least 1.
+tokenizers; the same ratio `policies.prefix` uses for byte blocks), rounded up, at least 1; a prompt
+given as token ids is counted exactly. A completions batch (`prompt` a list of prompts) is as many
+completions as prompts: its prompt tokens are the sum over the prompts, and its output cap is
+`max_tokens x n x prompts` (`reserved_output_tokens`).
 """
 
 from __future__ import annotations
@@ -82,3 +85,18 @@ def output_cap(requested_max_tokens: int | None, default_cap: int) -> int:
     """Output tokens to reserve: the request's `max_tokens` (or `max_completion_tokens`) when given,
     else the tenant's default cap (config `limits.max_output_tokens`)."""
     return default_cap if requested_max_tokens is None else requested_max_tokens
+
+
+def estimate_prompt_tokens(prompt: str | Sequence[int]) -> int:
+    """Tokens in ONE completions prompt when no tokenizer is configured: a string's UTF-8 bytes as
+    `estimate_tokens` counts them, token ids exactly (at least 1, like every estimate here)."""
+    if isinstance(prompt, str):
+        return estimate_tokens(len(prompt.encode("utf-8", "surrogatepass")))
+    return max(1, len(prompt))
+
+
+def reserved_output_tokens(max_tokens: int, n: int, prompts: int) -> int:
+    """Output tokens a request may produce, the output half of its reservation: vLLM runs `n` (>= 1)
+    choices for each of `prompts` (>= 1; a completions batch, else 1) prompts, each up to
+    `max_tokens` (the per-completion cap, already defaulted)."""
+    return max_tokens * n * prompts

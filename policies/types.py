@@ -95,7 +95,8 @@ class RequestInfo:
 
     `model` is what the client asked for; `base_model` is the pool it runs in and `adapter` the LoRA
     adapter name or None. `prompt_tokens` is an estimate unless `prompt_tokens_exact` is set.
-    `max_tokens` is the output cap the reservation uses (already defaulted by tenant policy).
+    `max_tokens` is the output cap the reservation uses for the whole request: the per-completion cap
+    (already defaulted by tenant policy) x `n` x the prompts of a completions batch.
     `prefix_keys` are the chained block keys of the canonical prompt (see `policies.prefix`).
     """
 

@@ -6,8 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.config import load_config
-from gateway.config_check import check_semantics
+from gateway.config_check import check_semantics, load_checked
 
 EXAMPLES = sorted((Path(__file__).resolve().parents[1] / "config").glob("*.yaml"))
 
@@ -18,8 +17,7 @@ def test_there_are_examples() -> None:
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
 def test_example_loads(path: Path) -> None:
-    config = load_config(path)
-    check_semantics(config)
+    config = load_checked(path)  # what every kvgate command does with it
     assert config.replicas or config.simulator.replicas >= 1
 
 

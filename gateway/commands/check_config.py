@@ -11,12 +11,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from gateway.config import ConfigError, load_config
-    from gateway.config_check import check_semantics, config_warnings
+    from gateway.config import ConfigError
+    from gateway.config_check import config_warnings, load_checked
 
     try:
-        config = load_config(args.file)
-        check_semantics(config)
+        config = load_checked(args.file)
     except ConfigError as err:
         print(f"{args.file}: invalid\n{err}", file=sys.stderr)
         return 1

@@ -13,13 +13,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from gateway.config import ConfigError, load_config
-    from gateway.config_check import check_semantics
+    from gateway.config import ConfigError
+    from gateway.config_check import load_checked
     from gateway.server import serve_forever
 
     try:
-        config = load_config(args.config)
-        check_semantics(config)  # as `up` and `check-config` do: e.g. an unreadable tls_ca_file
+        config = load_checked(args.config)
     except ConfigError as err:
         print(f"kvgate: invalid config {args.config}:\n{err}", file=sys.stderr)
         return 2

@@ -22,14 +22,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from gateway.config import ConfigError, load_config, parse_config
-    from gateway.config_check import check_semantics
+    from gateway.config import ConfigError
+    from gateway.config_check import load_checked
     from gateway.embedded_fleet import EmbeddedFleet, FleetStartError, with_simulated_replicas
     from gateway.server import serve_forever
 
     try:
-        config = load_config(args.config) if args.config else parse_config({})
-        check_semantics(config)
+        config = load_checked(args.config)
     except ConfigError as err:
         print(f"kvgate: invalid config {args.config}:\n{err}", file=sys.stderr)
         return 2

@@ -30,12 +30,14 @@ def test_streaming_with_usage_and_caps() -> None:
 
 
 @pytest.mark.parametrize(
-    "prompt",
-    ["hello", ["a", "b"], [1, 2, 3], [[1, 2], [3]]],
+    ("prompt", "prompts"),
+    [("hello", 1), (["a", "b"], 2), (["a"], 1), ([1, 2, 3], 1), ([[1, 2], [3]], 2), (["x"] * 8, 8)],
 )
-def test_completion_prompt_forms(prompt: object) -> None:
+def test_completion_prompt_forms(prompt: object, prompts: int) -> None:
+    # A list of strings or of token-id lists is a batch: vLLM runs one completion per prompt.
     p = parse_request(orjson.dumps({"model": "m", "prompt": prompt, "max_tokens": 3}), "completions")
-    assert p.max_tokens == 3
+    assert (p.max_tokens, p.prompts) == (3, prompts)
+    assert parse_request(chat(), "chat").prompts == 1
 
 
 @pytest.mark.parametrize(

@@ -1,6 +1,6 @@
 """gateway/routing.py without a network: what `Router.prompt_facts` makes of a prompt (with and without
-a tokenizer), how `decide` uses the prefix index and the session map over a hand-built FleetSnapshot,
-and switching profiles."""
+a tokenizer, one prompt or a completions batch), how `decide` uses the prefix index and the session map
+over a hand-built FleetSnapshot, and switching profiles."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 import gateway.routing
+import gateway.tokenizers
 from gateway.config import parse_config
 from gateway.routing import PromptFacts, Router
 from policies.types import FleetSnapshot, RequestInfo
@@ -64,21 +65,22 @@ def shared_blocks(a: tuple[int, ...], b: tuple[int, ...]) -> int:
 
 
 @pytest.mark.parametrize(
-    ("endpoint", "body", "tokens"),
+    ("endpoint", "body", "tokens", "keyed_tokens"),
     [
         # no tokenizer: ~4 bytes per token of the canonical prompt, rounded up; blocks of 16 bytes
-        ("completions", {"prompt": "x" * 70}, 18),
-        ("completions", {"prompt": ["x" * 70, "y" * 400]}, 18),  # a batch is keyed by its first prompt
-        ("completions", {"prompt": list(range(10))}, 10),  # token ids: 4 bytes each, one token each
-        ("completions", {"prompt": [list(range(10)), list(range(99))]}, 10),
+        ("completions", {"prompt": "x" * 70}, 18, 18),
+        # a batch counts every prompt (18 + 100) and is keyed by its first
+        ("completions", {"prompt": ["x" * 70, "y" * 400]}, 118, 18),
+        ("completions", {"prompt": list(range(10))}, 10, 10),  # token ids: 4 bytes each, one token each
+        ("completions", {"prompt": [list(range(10)), list(range(99))]}, 109, 10),
     ],
 )
 def test_prompt_facts_without_a_tokenizer_estimates_and_cuts_byte_blocks(
-    endpoint: str, body: dict[str, Any], tokens: int
+    endpoint: str, body: dict[str, Any], tokens: int, keyed_tokens: int
 ) -> None:
     facts = router().prompt_facts(endpoint, body, "m", None)
     assert facts.prompt_tokens == tokens and not facts.exact
-    assert len(facts.prefix_keys) == tokens * 4 // (BLOCK_TOKENS * 4)  # full blocks only
+    assert len(facts.prefix_keys) == keyed_tokens * 4 // (BLOCK_TOKENS * 4)  # full blocks only
 
 
 def test_prompt_facts_for_chat_without_a_tokenizer() -> None:
@@ -95,7 +97,8 @@ def test_prompt_facts_for_chat_without_a_tokenizer() -> None:
     [
         ("chat", QUESTION, sim.encode(sim.render_chat(QUESTION["messages"]))),  # the chat template too
         ("completions", {"prompt": SYSTEM}, sim.encode(SYSTEM)),
-        ("completions", {"prompt": [SYSTEM, "another"]}, sim.encode(SYSTEM)),
+        # a batch: every prompt counts, the first one is keyed
+        ("completions", {"prompt": [SYSTEM, "another"]}, sim.encode(SYSTEM) + sim.encode("another")),
         ("completions", {"prompt": sim.encode(SYSTEM)}, sim.encode(SYSTEM)),  # ids past 32 bits, folded
     ],
 )
@@ -104,7 +107,8 @@ def test_prompt_facts_with_the_sim_tokenizer_count_exactly_what_the_replica_will
 ) -> None:
     facts = router("sim").prompt_facts(endpoint, body, "m", None)
     assert facts.exact and facts.prompt_tokens == len(ids)
-    assert len(facts.prefix_keys) == len(ids) // BLOCK_TOKENS
+    first = sim.encode(SYSTEM) if endpoint == "completions" else ids
+    assert len(facts.prefix_keys) == len(first) // BLOCK_TOKENS
 
 
 @pytest.mark.parametrize("tokenizer", ["none", "sim"])
@@ -161,7 +165,7 @@ def test_token_ids_beyond_32_bits_are_hashed_as_json_without_a_tokenizer() -> No
     "prompt",
     [
         [2**40 + i for i in range(40)],
-        [[2**40 + i for i in range(40)], [1, 2, 3]],  # a batch: its first prompt, as for small ids
+        [[2**40 + i for i in range(37)], [1, 2, 3]],  # a batch: every prompt's ids, as for small ids
         sim.encode(SYSTEM)[:40],  # the simulator's own ids reach 2**51
     ],
 )
@@ -298,3 +302,30 @@ def test_an_unknown_profile_is_a_value_error() -> None:
     with pytest.raises(ValueError, match="no profile named 'nope'"):
         r.use_profile("nope")
     assert r.profile_name == "default" and r.profile is r.profiles["default"]  # nothing changed
+
+MODEL = "m"
+
+
+@pytest.mark.parametrize("tokenizer", ["none", "sim"])
+@pytest.mark.parametrize(
+    "batch",
+    [
+        ["The first prompt of a batch. " * 20, "a second, shorter one", "and a third " * 7],
+        [[5, 6, 7] * 40, [1, 2], [9] * 33],
+    ],
+    ids=["text", "token-ids"],
+)
+def test_a_batch_counts_every_prompt_and_routes_on_the_first(tokenizer: str, batch: list[object]) -> None:
+    r = router(tokenizer)
+    facts = r.prompt_facts("completions", {"prompt": batch}, MODEL, None)
+    each = [r.prompt_facts("completions", {"prompt": p}, MODEL, None) for p in batch]
+    assert facts.prompt_tokens == sum(f.prompt_tokens for f in each)
+    assert facts.prefix_keys == each[0].prefix_keys  # where the batch goes: its first prompt decides
+    assert facts.exact is (tokenizer == "sim")
+
+
+def test_exact_counts_with_the_sim_tokenizer() -> None:
+    batch = ["one prompt", "another prompt, a little longer"]
+    facts = router("sim").prompt_facts("completions", {"prompt": batch}, MODEL, None)
+    tok = gateway.tokenizers.SimTokenizer()
+    assert facts.prompt_tokens == sum(len(tok.encode_prompt(p)) for p in batch)

@@ -383,3 +383,21 @@ async def test_a_gateway_bug_is_an_openai_500_and_the_reservation_comes_back() -
         assert status["buckets"]["tokens"]["level"] >= 6000 - 1e-6  # nothing charged
         r = await c.post("/v1/chat/completions", json=chat("fine", max_tokens=5), headers=auth("acme"))
         assert r.status_code == 200
+
+
+async def test_a_batch_of_prompts_reserves_every_completion_it_asks_for() -> None:
+    # vLLM runs one completion per prompt of a batch: 8 prompts reserve 8 x (prompt + max_tokens).
+    # One token per second of refill: nothing the test waits for changes the bucket enough to matter.
+    cfg = {"tenants": [tenant("batch", limits={"tpm": 60, "tpm_burst": 1000})]}
+    prompt = "The batch prompt, one of several the client sends at once."
+    prompt_tokens = len(SimTokenizer().encode_prompt(prompt))
+    one = {"model": MODEL, "prompt": prompt, "max_tokens": 90}
+    async with tenancy_stack(cfg) as s:
+        c = s.client
+        big = {"model": MODEL, "prompt": "word " * 400, "max_tokens": 50}  # about half the bucket
+        assert (await c.post("/v1/completions", json=big, headers=auth("batch"))).is_success
+        r = await c.post("/v1/completions", json={**one, "prompt": [prompt] * 8}, headers=auth("batch"))
+        err = assert_openai_error(r, 429, "rate_limit_error")
+        assert f"requested {8 * (prompt_tokens + 90)}." in err["message"]
+        r = await c.post("/v1/completions", json=one, headers=auth("batch"))
+        assert r.status_code == 200, r.text

@@ -2,7 +2,15 @@ from __future__ import annotations
 
 import pytest
 
-from policies.tenancy import ModelAllowList, choose_band, estimate_tokens, model_allowed, output_cap
+from policies.tenancy import (
+    ModelAllowList,
+    choose_band,
+    estimate_prompt_tokens,
+    estimate_tokens,
+    model_allowed,
+    output_cap,
+    reserved_output_tokens,
+)
 from policies.types import Band
 
 C, S, X = Band.CRITICAL, Band.STANDARD, Band.SHEDDABLE
@@ -79,3 +87,23 @@ def test_estimate_tokens(num_bytes: int, tokens: int) -> None:
 @pytest.mark.parametrize(("requested", "default", "cap"), [(None, 4096, 4096), (16, 4096, 16), (0, 4096, 0)])
 def test_output_cap(requested: int | None, default: int, cap: int) -> None:
     assert output_cap(requested, default) == cap
+
+
+@pytest.mark.parametrize(
+    ("max_tokens", "n", "prompts", "reserved"),
+    [(100, 1, 1, 100), (100, 3, 1, 300), (100, 1, 8, 800), (100, 2, 8, 1600), (1, 128, 50, 6400)],
+)
+def test_reserved_output_tokens_count_every_completion(
+    max_tokens: int, n: int, prompts: int, reserved: int
+) -> None:
+    # vLLM runs n choices for each prompt of a completions batch, each up to max_tokens.
+    assert reserved_output_tokens(max_tokens, n, prompts) == reserved
+
+
+@pytest.mark.parametrize(
+    ("prompt", "tokens"),
+    [("", 1), ("abcd", 1), ("abcde", 2), ("é" * 4, 2), ([7], 1), ([1, 2, 3, 4, 5], 5), ([], 1)],
+)
+def test_estimate_prompt_tokens_of_one_prompt(prompt: str | list[int], tokens: int) -> None:
+    # Text: UTF-8 bytes / 4 like estimate_tokens; token ids are tokens, counted exactly.
+    assert estimate_prompt_tokens(prompt) == tokens

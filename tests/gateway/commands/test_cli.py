@@ -161,3 +161,67 @@ def test_kvgate_up_stops_its_fleet_on_sigterm() -> None:
             proc.wait()
     with pytest.raises(httpx.HTTPError):
         httpx.get(sim_url + "/health", timeout=2)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("command", ["serve", "up"])
+def test_serve_and_up_refuse_what_check_config_refuses_before_listening(command: str, tmp_path: Path) -> None:
+    # serve used to skip the semantic checks: an unknown profile passed, and kvgate failed only in
+    # its start-up, after uvicorn had begun. Every command now loads a config through one function.
+    port = free_port()
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(
+        f"server: {{port: {port}}}\n"
+        "replicas: [{url: 'http://127.0.0.1:9', model: m}]\n"
+        "scheduling: {profile: nope}\n"
+    )
+    assert main(["check-config", str(bad)]) == 1
+    proc = subprocess.run(
+        [sys.executable, "-m", "gateway.cli", command, "--config", str(bad)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=45,
+    )
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "scheduling.profile: no profile named 'nope'" in proc.stderr
+    assert "kvgate is listening" not in proc.stdout and "Uvicorn" not in proc.stderr
+
+
+@pytest.mark.timeout(60)
+def test_kvgate_serve_applies_the_server_timeouts(tmp_path: Path) -> None:
+    # The settings reach uvicorn through serve_forever, not only through the tests' GatewayServer.
+    port = free_port()
+    cfg = tmp_path / "serve.yaml"
+    cfg.write_text(
+        f"server: {{port: {port}, header_timeout_s: 0.3}}\n"
+        f"replicas: [{{url: 'http://127.0.0.1:{free_port()}', model: m}}]\n"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gateway.cli", "serve", "--config", str(cfg)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        cwd=ROOT,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.1)
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+            sock.sendall(b"POST /v1/completions HTTP/1.1\r\nhost: kvgate\r\ncontent-le")
+            answer = b""
+            while chunk := sock.recv(65536):  # to the close; the socket timeout bounds each wait
+                answer += chunk
+        assert answer.startswith(b"HTTP/1.1 408 "), answer
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=30)
+        assert proc.returncode == 0, out
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
