@@ -38,6 +38,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--adapters", default="", help="comma-separated LoRA adapters loaded at start")
     parser.add_argument("--model", default=None, help="served model name (default: the profile's)")
     parser.add_argument("--scheduling-policy", choices=("fcfs", "priority"), default="fcfs")
+    parser.add_argument("--api-key", default=None,
+                        help="as vllm serve --api-key: /v1/* requests need 'Authorization: Bearer KEY' "
+                             "(default: $VLLM_API_KEY, as vLLM; unset = open)")
     faults = parser.add_argument_group("faults (every replica; change at runtime with POST /sim/faults)")
     faults.add_argument("--fault-error-rate", type=float, default=0.0,
                         help="fraction of generation requests answered with an error before the first byte")
@@ -96,6 +99,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _fleet_kwargs(args: argparse.Namespace) -> dict[str, Any]:
+    import os
+
     from simulator.server.faults import FaultConfig
 
     adapters = tuple(a.strip() for a in args.adapters.split(",") if a.strip())
@@ -112,4 +117,5 @@ def _fleet_kwargs(args: argparse.Namespace) -> dict[str, Any]:
         "max_model_len": args.max_model_len, "enable_prefix_caching": not args.no_prefix_caching,
         "max_loras": max_loras, "adapters": adapters, "model": args.model,
         "scheduling_policy": args.scheduling_policy, "faults": faults, "fault_seed": args.fault_seed,
+        "api_key": args.api_key if args.api_key is not None else (os.environ.get("VLLM_API_KEY") or None),
     }

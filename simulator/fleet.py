@@ -61,6 +61,7 @@ class SimFleet:
         scheduling_policy: str = "fcfs",
         faults: FaultConfig | Sequence[FaultConfig | None] | None = None,
         fault_seed: int = 0,
+        api_key: str | None = None,
     ) -> None:
         if replicas < 1:
             raise ValueError(f"replicas must be >= 1, got {replicas}")
@@ -74,7 +75,7 @@ class SimFleet:
             profile=profile, time_scale=time_scale, block_size=block_size, kv_blocks=kv_blocks,
             max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
             max_model_len=max_model_len, enable_prefix_caching=enable_prefix_caching, max_loras=max_loras,
-            adapters=tuple(adapters), model=model, scheduling_policy=scheduling_policy,
+            adapters=tuple(adapters), model=model, scheduling_policy=scheduling_policy, api_key=api_key,
         )
         self._configs = [
             replace(base, faults=f if f is not None else FaultConfig(), fault_seed=fault_seed + i)

@@ -42,12 +42,14 @@ class ReplicaApp:
     """ASGI callable for one replica. Stateless itself; the components it is given own the state."""
 
     def __init__(self, engine: Engine, driver: EngineDriver, models: ModelRegistry, faults: FaultState,
-                 metrics: ReplicaMetrics, generation: GenerationHandler) -> None:
+                 metrics: ReplicaMetrics, generation: GenerationHandler, api_key: str | None = None) -> None:
         self._engine = engine
         self._driver = driver
         self._models = models
         self._faults = faults
         self._metrics = metrics
+        # vLLM's --api-key: every /v1/* request needs this exact header (not OPTIONS, not other paths).
+        self._auth = None if api_key is None else f"Bearer {api_key}".encode()
         self._routes: dict[tuple[str, str], Handler] = {
             ("POST", "/v1/chat/completions"): generation.chat,
             ("POST", "/v1/completions"): generation.completions,
@@ -69,6 +71,14 @@ class ReplicaApp:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
+            return
+        if (
+            self._auth is not None
+            and scope["path"].startswith("/v1")
+            and scope["method"] != "OPTIONS"
+            and _header(scope, b"authorization") != self._auth
+        ):
+            await respond(send, 401, b'{"error":"Unauthorized"}')
             return
         handler = self._routes.get((scope["method"], scope["path"]))
         if handler is None:
@@ -181,3 +191,10 @@ async def _json_body(receive: Receive) -> dict[str, object]:
     if body is None:
         raise ApiError(400, "The client went away before sending the body.")
     return parse_json_object(body)
+
+
+def _header(scope: Scope, name: bytes) -> bytes | None:
+    for k, v in scope["headers"]:
+        if k == name:
+            return bytes(v)
+    return None

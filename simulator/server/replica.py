@@ -23,7 +23,8 @@ class ReplicaConfig:
 
     `kv_blocks` None = what the profile's GPU memory holds; `model` None = the profile's model name;
     `max_model_len` None = the profile's; `adapters` are loaded at start (path `/models/<name>`) and
-    need `max_loras` >= 1. `fault_seed` seeds the error-rate draws.
+    need `max_loras` >= 1. `fault_seed` seeds the error-rate draws. `api_key`: as `vllm serve
+    --api-key`, every `/v1/*` request must carry `Authorization: Bearer <api_key>` (else 401).
     """
 
     profile: str = "tiny"
@@ -40,6 +41,7 @@ class ReplicaConfig:
     scheduling_policy: str = "fcfs"
     faults: FaultConfig = field(default_factory=FaultConfig)
     fault_seed: int = 0
+    api_key: str | None = None
 
     def __post_init__(self) -> None:
         if self.adapters and self.max_loras < 1:
@@ -85,7 +87,8 @@ class Replica:
         generation = GenerationHandler(engine, self.driver, self.models, self.faults,
                                        PieceCache(tokenizer.decode_token),
                                        priority_scheduling=config.scheduling_policy == "priority")
-        self.app = ReplicaApp(engine, self.driver, self.models, self.faults, self.metrics, generation)
+        self.app = ReplicaApp(engine, self.driver, self.models, self.faults, self.metrics, generation,
+                              api_key=config.api_key)
 
     @property
     def stats(self) -> EngineStats:

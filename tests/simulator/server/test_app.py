@@ -117,3 +117,19 @@ async def test_sim_stats(client: httpx.AsyncClient) -> None:
     stats = (await client.get("/sim/stats")).json()
     assert stats["num_running"] == 0
     assert stats["block_size"] == 16
+
+
+async def test_an_api_key_guards_every_v1_route_as_vllm_s_does() -> None:
+    async with SimFleet(profile="tiny", api_key="k3y") as fleet, \
+            httpx.AsyncClient(base_url=fleet.urls[0], timeout=10) as client:
+        chat = {"model": "tiny-llama", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+        for headers in ({}, {"authorization": "Bearer wrong"}, {"authorization": "k3y"}):
+            r = await client.post("/v1/chat/completions", json=chat, headers=headers)
+            assert (r.status_code, r.json()) == (401, {"error": "Unauthorized"})
+            assert (await client.get("/v1/models", headers=headers)).status_code == 401
+        good = {"authorization": "Bearer k3y"}
+        assert (await client.post("/v1/chat/completions", json=chat, headers=good)).status_code == 200
+        assert (await client.get("/v1/models", headers=good)).status_code == 200
+        # Outside /v1 nothing is guarded: probes and scrapes need no key.
+        assert (await client.get("/health")).status_code == 200
+        assert (await client.get("/metrics")).status_code == 200
