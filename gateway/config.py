@@ -45,17 +45,52 @@ class ServerConfig(_Strict):
     max_connections: int = Field(2048, ge=1)
     debug_headers: bool = False  # adds x-kvgate-route with the winner's per-scorer scores
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+    # One JSON line per request on stdout (logger `kvgate.access`): tenant, model, replica, status,
+    # tokens, TTFT, duration, retries, request id. Never a key or a prompt.
+    access_log: bool = True
 
 
-class ModelConfig(_Strict):
-    """Per-pool settings. A pool is named by its base model, as the replicas serve it."""
+class ReplicaCredential(_Strict):
+    """Where the key for a replica's `vllm serve --api-key` comes from: an environment variable or a
+    file (a mounted Secret), never the config itself, which may live in a ConfigMap. kvgate sends it as
+    `Authorization: Bearer <key>` to the replica; the client's own key never reaches a replica. Set
+    per pool (`models[]`), overridable per replica (`replicas[]`)."""
+
+    api_key_env: str | None = Field(None, min_length=1)
+    api_key_file: str | None = Field(None, min_length=1)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _never_inline(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "api_key" in data:
+            raise ValueError(
+                "api_key: a replica key is never written in the config; "
+                "name an environment variable (api_key_env) or a file (api_key_file) holding it"
+            )
+        return data
+
+    @model_validator(mode="after")
+    def _one_source(self) -> ReplicaCredential:
+        if self.api_key_env is not None and self.api_key_file is not None:
+            raise ValueError("give api_key_env or api_key_file, not both")
+        return self
+
+    @property
+    def has_credential(self) -> bool:
+        return self.api_key_env is not None or self.api_key_file is not None
+
+
+class ModelConfig(ReplicaCredential):
+    """Per-pool settings. A pool is named by its base model, as the replicas serve it. The credential
+    fields (`api_key_env`, `api_key_file`) apply to every replica of the pool."""
 
     name: str = Field(min_length=1)
     # "sim": the simulator's own tokenizer (exact counts and token blocks); none: ~4 bytes per token.
     tokenizer: Literal["none", "sim"] = "none"
 
 
-class ReplicaConfig(_Strict):
+class ReplicaConfig(ReplicaCredential):
+    # The credential fields, when set, replace the pool's (`models[]`) for this replica.
     # http:// or https://, host, optional port, optional path prefix put before every request path;
     # no credentials, query or fragment (gateway/upstream/address.py).
     url: str

@@ -15,10 +15,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from gateway.config import ConfigError
     from gateway.config_check import load_checked
+    from gateway.replica_auth import ReplicaCredentials
     from gateway.server import serve_forever
 
     try:
         config = load_checked(args.config)
+        ReplicaCredentials.from_config(config)  # an unset variable stops here, not inside the server
     except ConfigError as err:
         print(f"kvgate: invalid config {args.config}:\n{err}", file=sys.stderr)
         return 2

@@ -34,6 +34,7 @@ from gateway.config import FleetConfig
 from gateway.fleet.metrics_parse import SAMPLE_NAMES, MetricsParseError, MetricsParser
 from gateway.fleet.models_parse import parse_models
 from gateway.fleet.state import FleetState
+from gateway.replica_auth import ReplicaCredentials
 from gateway.upstream import BrokenError, ConnectError, UpstreamPool
 
 log = logging.getLogger(__name__)
@@ -100,6 +101,7 @@ class FleetScraper:
         *,
         rng: random.Random | None = None,
         observer: ScrapeObserver | None = None,
+        credentials: ReplicaCredentials | None = None,
     ) -> None:
         self._state = state
         self._fleet = fleet
@@ -109,6 +111,9 @@ class FleetScraper:
         self._targets = tuple((r.display_name, r.url) for r in state.replicas)
         self._index = {name: i for i, (name, _) in enumerate(self._targets)}
         self._urls = tuple(url for _, url in self._targets)
+        creds = credentials or ReplicaCredentials({}, {})
+        # vLLM's --api-key guards /v1/models (adapters come from there); sent on every fetch alike.
+        self._headers = tuple(creds.headers_for(r.display_name, r.model) for r in state.replicas)
         self._parsers = [MetricsParser() for _ in self._targets]
         self._stats = [ScrapeStats() for _ in self._targets]
         self._loops = (
@@ -176,7 +181,7 @@ class FleetScraper:
         """(status, body) of `GET path` on replica i, within `timeout_s`. A kept-alive connection the
         replica had just closed is retried by the pool; a dead replica then refuses, and is ejected."""
         async with asyncio.timeout(timeout_s):
-            resp = await self._client.get(self._urls[i], path)
+            resp = await self._client.get(self._urls[i], path, self._headers[i])
             try:
                 body = await resp.read()
             except BaseException:

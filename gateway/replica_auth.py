@@ -1,0 +1,77 @@
+"""The credentials kvgate presents to replicas (`vllm serve --api-key`), read once at start.
+
+A pool's `models[].api_key_env` / `api_key_file` applies to its replicas; a replica's own setting
+replaces it. The key is read from the environment or the file (surrounding whitespace stripped: a
+mounted Secret often ends with a newline) when the Gateway is built, and turned into the one header
+line it becomes, `Authorization: Bearer <key>`. It is kept nowhere else: no repr, log line, metric or
+error message shows it; an error names the setting, never the value.
+
+Replicas that kvgate learns of at run time (discovery) get their pool's credential by pool name.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+
+from gateway.config import Config, ConfigError, ReplicaCredential
+
+Header = tuple[bytes, bytes]
+_NONE: tuple[Header, ...] = ()
+
+
+class ReplicaCredentials:
+    """Header lines to send to each replica. Immutable after construction; safe to share."""
+
+    __slots__ = ("_by_pool", "_by_replica")
+
+    def __init__(self, by_replica: Mapping[str, Header], by_pool: Mapping[str, Header]) -> None:
+        self._by_replica = {name: (h,) for name, h in by_replica.items()}
+        self._by_pool = {name: (h,) for name, h in by_pool.items()}
+
+    @classmethod
+    def from_config(cls, config: Config, environ: Mapping[str, str] | None = None) -> ReplicaCredentials:
+        """Read every configured credential now. Raises ConfigError naming the setting (never the
+        value) when a variable is unset or empty or a file cannot be read or is empty."""
+        env = os.environ if environ is None else environ
+        by_pool = {
+            m.name: _header(m, f"models[{i}]", env) for i, m in enumerate(config.models) if m.has_credential
+        }
+        by_replica = {
+            r.display_name: _header(r, f"replicas[{i}]", env)
+            for i, r in enumerate(config.replicas)
+            if r.has_credential
+        }
+        return cls(by_replica, by_pool)
+
+    def headers_for(self, replica: str, pool: str) -> tuple[Header, ...]:
+        """The extra request header lines for `replica` of `pool` (empty: no credential)."""
+        found = self._by_replica.get(replica)
+        if found is not None:
+            return found
+        return self._by_pool.get(pool, _NONE)
+
+    def __repr__(self) -> str:  # never the keys
+        return f"ReplicaCredentials({len(self._by_replica)} replicas, {len(self._by_pool)} pools)"
+
+
+def _header(source: ReplicaCredential, where: str, env: Mapping[str, str]) -> Header:
+    if source.api_key_env is not None:
+        value = env.get(source.api_key_env, "").strip()
+        if not value:
+            raise ConfigError(
+                f"{where}.api_key_env: the environment variable {source.api_key_env} is unset or empty"
+            )
+    else:
+        assert source.api_key_file is not None
+        try:
+            value = Path(source.api_key_file).read_text(encoding="utf-8").strip()
+        except (OSError, UnicodeDecodeError) as err:
+            reason = err.strerror if isinstance(err, OSError) and err.strerror else type(err).__name__
+            raise ConfigError(f"{where}.api_key_file: cannot read {source.api_key_file}: {reason}") from None
+        if not value:
+            raise ConfigError(f"{where}.api_key_file: {source.api_key_file} is empty")
+    if any(c in value for c in "\r\n\0") or not value.isascii():
+        raise ConfigError(f"{where}: the replica key holds characters a header cannot carry")
+    return (b"authorization", b"Bearer " + value.encode("ascii"))
