@@ -14,6 +14,11 @@ request is closed, nothing is reported against the replica, and the client's con
 unfinished for the server to close.
 
 Closing the upstream response is how a request is cancelled: vLLM aborts it and frees its KV blocks.
+
+What goes to the replica besides the body: the replica's credential (`ReplicaCredentials`, never the
+client's key) and the request's `x-request-id`. What comes back: the replica's status, body and its
+response headers except hop-by-hop ones, framing (kvgate frames the answer itself), `date`/`server`,
+the request id (kvgate sets its own) and anything named `x-kvgate-*` (kvgate's to say).
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ import orjson
 
 from gateway.errors import GatewayError
 from gateway.metrics import GatewayMetrics
+from gateway.replica_auth import ReplicaCredentials
 from gateway.sse_filter import SseFilter, Usage, usage_from
 from gateway.stall_watch import StallWatch
 from gateway.upstream import BrokenError, ConnectError, UpstreamPool, UpstreamResponse
@@ -40,8 +46,19 @@ _SSE_HEADERS = (
     (b"cache-control", b"no-cache"),
     (b"x-accel-buffering", b"no"),
 )
+_SSE_NAMES = frozenset(name for name, _ in _SSE_HEADERS)
 _DONE = b"data: [DONE]\n\n"
 _RETRY_STATUSES = frozenset({502, 503})
+Header = tuple[bytes, bytes]
+# Replica response headers kvgate does not pass on (lower case): hop-by-hop (RFC 9110 7.6.1), framing
+# and content type (kvgate frames and types the answer it sends), what the server adds itself.
+_NOT_PASSED = frozenset(
+    {
+        b"connection", b"keep-alive", b"proxy-connection", b"transfer-encoding", b"te", b"trailer",
+        b"upgrade", b"proxy-authenticate", b"proxy-authorization", b"content-length", b"content-type",
+        b"date", b"server", b"x-request-id",
+    }
+)  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,6 +103,7 @@ class Dispatch:
     # Each gap between two stream chunks relayed to the client, in seconds, as the stream goes
     # (the model's inter-chunk latency histogram): n chunks relayed, n - 1 calls.
     observe_itl: Callable[[float], None] = lambda _gap: None
+    upstream_headers: tuple[Header, ...] = ()  # sent to every replica tried (x-request-id)
 
 
 class Forwarder:
@@ -99,12 +117,14 @@ class Forwarder:
         max_retries: int,
         metrics: GatewayMetrics,
         report_failure: Callable[[str, str], None],
+        credentials: ReplicaCredentials | None = None,
     ) -> None:
         self._pool = pool
         self._t = timeouts
         self._max_retries = max_retries
         self._metrics = metrics
         self._report_failure = report_failure
+        self._credentials = credentials or ReplicaCredentials({}, {})
 
     async def forward(self, d: Dispatch, send: Send, out: Outcome | None = None) -> Outcome:
         """Forward `d`; `out` (optional) is filled as the request goes, so a caller whose task is
@@ -146,9 +166,10 @@ class Forwarder:
         resp: UpstreamResponse | None = None
         whole: bytes | None = None
         first = b""
+        headers = self._credentials.headers_for(replica.name, replica.pool) + d.upstream_headers
         try:
             async with asyncio.timeout(timeout_s):
-                resp = await self._pool.post(replica.url, d.path, d.body)
+                resp = await self._pool.post(replica.url, d.path, d.body, headers)
                 if resp.status in _RETRY_STATUSES and not last:
                     resp.close()
                     out.error_kind = "status_5xx"
@@ -209,6 +230,7 @@ class Forwarder:
         headers = [
             (b"content-type", resp.headers.get("content-type", "application/json").encode("latin-1")),
             (b"content-length", b"%d" % len(body)),
+            *_passed_on(resp.raw_headers),
             (b"x-kvgate-replica", replica.name.encode()),
             *d.response_headers,
         ]
@@ -234,7 +256,12 @@ class Forwarder:
     ) -> None:
         """Stream the answer as it comes. Each wait for the replica is bounded by chunk_s, each wait
         for the client by send_s (one `StallWatch`: no per-chunk timer work)."""
-        headers = [*_SSE_HEADERS, (b"x-kvgate-replica", replica.name.encode()), *d.response_headers]
+        headers = [
+            *_SSE_HEADERS,
+            *_passed_on(resp.raw_headers, _SSE_NAMES),
+            (b"x-kvgate-replica", replica.name.encode()),
+            *d.response_headers,
+        ]
         filt = SseFilter(strip_usage=d.strip_usage)
         observe_itl = d.observe_itl
         clock = time.perf_counter
@@ -297,6 +324,22 @@ class Forwarder:
         closes the upstream request; the ASGI server closes the unfinished client response."""
         out.slow_client = True
         self._metrics.slow_clients.inc()
+
+
+def _passed_on(raw: list[Header], own: frozenset[bytes] = frozenset()) -> list[Header]:
+    """The replica's response headers a client gets (see the module docstring), except the names in
+    `own` (lower case: set by kvgate for this answer) and what a `Connection` header names."""
+    named = own
+    out: list[Header] = []
+    for name, value in raw:
+        low = name.lower()
+        if low == b"connection":
+            named = named | {t.strip().lower() for t in value.split(b",")}
+        elif low not in _NOT_PASSED and not low.startswith(b"x-kvgate-"):
+            out.append((name, value))
+    if named:
+        out = [(n, v) for n, v in out if n.lower() not in named]
+    return out
 
 
 def _final_error(kind: str, detail: str) -> GatewayError:

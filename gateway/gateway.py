@@ -15,11 +15,14 @@ from collections.abc import Callable, Iterable
 
 from prometheus_client.core import Metric
 
+from gateway.access_log import AccessLog
 from gateway.config import Config, ConfigError
 from gateway.fleet.scraper import FleetScraper, build_client
 from gateway.fleet.state import FleetChange, FleetState
 from gateway.forwarder import Forwarder, Timeouts
 from gateway.metrics import GatewayMetrics, gauge_family
+from gateway.replica_auth import ReplicaCredentials
+from gateway.request_id import RequestIds
 from gateway.routing import Router
 from gateway.tenancy import Tenancy
 from gateway.upstream import UpstreamPool
@@ -47,6 +50,10 @@ class Gateway:
         self.session_header = config.scheduling.session_header.lower().encode("latin-1")
         self.fleet.add_listener(self._on_fleet_change)
         self.metrics.add_callback(self._collect_fleet_gauges)
+        # Read now: an unset variable or unreadable file stops start-up, naming the setting.
+        self.credentials = ReplicaCredentials.from_config(config)
+        self.request_ids = RequestIds()
+        self.access_log = AccessLog(config.server.access_log)
         self._pool: UpstreamPool | None = None
         self._scrape_pool: UpstreamPool | None = None
         self._scraper: FleetScraper | None = None
@@ -75,9 +82,12 @@ class Gateway:
             up.max_retries,
             self.metrics,
             self.fleet.report_failure,
+            self.credentials,
         )
         self._scrape_pool = build_client(self.config.fleet, tls)
-        self._scraper = FleetScraper(self.fleet, self.config.fleet, self._scrape_pool, rng=self.rng)
+        self._scraper = FleetScraper(
+            self.fleet, self.config.fleet, self._scrape_pool, rng=self.rng, credentials=self.credentials
+        )
         await self._scraper.start()
         await self.tenancy.start()
 

@@ -14,6 +14,8 @@
   runs while a response on the connection is under way or waiting its turn, so a stream may last as
   long as the replica streams. If kvgate answered before reading the whole body (a 401 before the body
   is read), the rest of the body is discarded as it comes, within what is left of `body_timeout_s`.
+- `scope["kvgate.abort"]`: the connection's `transport.abort`, for the app to drop a client that
+  stopped reading (gateway/proxy.py).
 - A cap on open connections, `max_connections`. A connection accepted past it is answered, at its
   first request's headers, 503 with `Retry-After: 1` and `Connection: close`, and closed. Why answer
   rather than stop accepting: a connection left in the kernel's backlog looks open to the client,
@@ -174,6 +176,9 @@ class KvgateHttpProtocol(HttpToolsProtocol):
     def on_message_begin(self) -> None:
         super().on_message_begin()
         self._phase = _HEADERS
+        # How the app drops a client that stopped reading: ASGI can only finish a response, and
+        # closing the transport gracefully waits for the client to take what is buffered.
+        self.scope["kvgate.abort"] = self.transport.abort  # type: ignore[typeddict-unknown-key]
 
     def on_headers_complete(self) -> None:
         self._phase = _BODY

@@ -53,23 +53,27 @@ class ProxyEndpoint:
         self.path = path
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["method"] != "POST":
-            await send_error(send, GatewayError(405, f"use POST for {self.path}"))
-            return
         gw = self.gw
+        rid = (b"x-request-id", gw.request_ids.accept_or_new(header(scope, b"x-request-id")))
+        if scope["method"] != "POST":
+            await send_error(send, GatewayError(405, f"use POST for {self.path}"), (rid,))
+            return
         t0 = time.perf_counter()
         model_label = "unknown"
         status = 0
         progress = Outcome()  # filled by the forwarder as it goes: survives a cancelled request
         admitted: Admitted | None = None
-        extra_headers: list[tuple[bytes, bytes]] = []
+        extra_headers: list[tuple[bytes, bytes]] = [rid]
         watch: DisconnectWatch | None = None
+        tenant_name: str | None = None
+        req: ParsedRequest | None = None
         task = asyncio.current_task()
         assert task is not None
         gw.metrics.in_flight.inc()
         try:
             # The key is in the headers: an unauthenticated client never makes kvgate buffer a body.
             tenant = gw.tenancy.authenticate(header(scope, b"authorization"))
+            tenant_name = tenant.name
             raw = await read_body(scope, receive, gw.config.server.max_body_bytes)
             req = parse_request(raw, self.endpoint)
             resolved = gw.fleet.pool_of(req.model)
@@ -89,8 +93,8 @@ class ProxyEndpoint:
             watch = DisconnectWatch(receive, task)
             admitted = await gw.tenancy.admit(tenant, info, header(scope, b"x-kvgate-priority"))
             info = admitted.info
-            extra_headers = admitted.headers
-            await self._route_and_forward(req, raw, info, admitted, send, watch, progress, cap)
+            extra_headers = [rid, *admitted.headers]
+            await self._route_and_forward(req, raw, info, admitted, send, watch, progress, cap, rid)
             status = progress.status
         except GatewayError as err:
             status = err.status
@@ -114,7 +118,22 @@ class ProxyEndpoint:
             if watch is not None:
                 watch.close()
             gw.metrics.in_flight.dec()
+        if progress.slow_client:
+            await _drop_connection(scope)
         await self._account(model_label, status, t0, admitted, progress)
+        if gw.access_log.enabled:
+            gw.access_log.write(
+                request_id=rid[1],
+                path=self.path,
+                tenant=tenant_name,
+                model=req.model if req is not None else None,
+                pool=model_label if req is not None else None,
+                status=499 if progress.slow_client else status,
+                stream=req.stream if req is not None else False,
+                outcome=progress,
+                started=t0,
+                ended=time.perf_counter(),
+            )  # access log: route/target go here once routes resolve them
 
     def _request_info(
         self, req: ParsedRequest, base: str, adapter: str | None, tenant: str, scope: Scope
@@ -146,6 +165,7 @@ class ProxyEndpoint:
         watch: DisconnectWatch,
         progress: Outcome,
         output_cap: int | None,
+        rid: tuple[bytes, bytes],
     ) -> Outcome:
         gw = self.gw
         t = time.perf_counter()
@@ -157,7 +177,7 @@ class ProxyEndpoint:
         winner = decision.ranked[0].name
         if info.prefix_keys:
             gw.metrics.prefix_match.observe(routed.match.get(winner, 0) / len(info.prefix_keys))
-        headers = list(admitted.headers)
+        headers = [rid, *admitted.headers]
         if gw.config.server.debug_headers:
             headers.append((b"x-kvgate-route", route_header(decision, winner)))
 
@@ -186,6 +206,7 @@ class ProxyEndpoint:
             on_attempt=on_attempt,
             on_attempt_end=on_attempt_end,
             observe_itl=gw.metrics.for_model(info.base_model).itl.observe,
+            upstream_headers=(rid,),
         )
         return await gw.forwarder.forward(dispatch, guarded_send, progress)
 
@@ -247,6 +268,17 @@ class ProxyEndpoint:
                     usage.completion_tokens,
                     usage.cached_tokens,
                 )
+
+
+async def _drop_connection(scope: Scope) -> None:
+    """Abort a client connection that stopped reading (its response is left unfinished): closing it
+    gracefully would wait for the client to read what is buffered, which it does not. The server's
+    protocol puts the hook in the scope (gateway/http_protocol.py); the yield lets the loss of the
+    connection be seen before the app returns, so the server does not log an unfinished response."""
+    abort = scope.get("kvgate.abort")
+    if abort is not None:
+        abort()
+        await asyncio.sleep(0)
 
 
 def route_header(decision: Any, replica: str) -> bytes:

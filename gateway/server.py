@@ -19,6 +19,7 @@ from gateway.app import KvgateApp
 from gateway.config import Config
 from gateway.gateway import Gateway
 from gateway.http_protocol import ClientLimits, protocol_class
+from gateway.logs import configure as configure_logging
 
 
 class _QuietServer(uvicorn.Server):
@@ -116,6 +117,7 @@ def serve_forever(config: Config, host: str, port: int) -> None:
         import uvloop  # noqa: F401
     except ImportError:  # pragma: no cover - uvloop is a dependency on every supported platform
         loop = "asyncio"
+    configure_logging(config.server)
     server = uvicorn.Server(
         uvicorn_config(KvgateApp(config), config.server.log_level, loop, host=host, port=port)
     )

@@ -141,6 +141,7 @@ class UpstreamPool:
         extra = _header_lines(headers) if headers else b""
         request = (
             b"POST %s%s HTTP/1.1\r\nhost: %s\r\ncontent-type: application/json\r\naccept: */*\r\n"
+            b"accept-encoding: identity\r\n"
             b"content-length: %d\r\n%s\r\n"
             % (origin.addr.path_prefix, path.encode("latin-1"), origin.addr.host_header, len(body), extra)
         ) + body

@@ -34,6 +34,7 @@ class Scripted:
     url: str
     accepted: int = 0
     requests: list[bytes] = field(default_factory=list)  # request bodies, in arrival order
+    heads: list[bytes] = field(default_factory=list)  # POST request heads (serves_vllm), in order
     eof: asyncio.Event = field(default_factory=asyncio.Event)
 
 
@@ -69,20 +70,21 @@ async def scripted(handler: Handler) -> AsyncIterator[Scripted]:
         await asyncio.gather(*running, return_exceptions=True)
 
 
-async def read_any(r: asyncio.StreamReader) -> tuple[bytes, bytes, bytes]:
-    """One request: (method, path, body); the body Content-Length framed, as kvgate sends them."""
+async def read_any(r: asyncio.StreamReader) -> tuple[bytes, bytes, bytes, bytes]:
+    """One request: (method, path, body, head); the body Content-Length framed, as kvgate sends
+    them."""
     head = await r.readuntil(b"\r\n\r\n")
     method, path, _ = head.split(b" ", 2)
     length = 0
     for line in head.split(b"\r\n"):
         if line.lower().startswith(b"content-length:"):
             length = int(line.split(b":")[1])
-    return method, path, await r.readexactly(length)
+    return method, path, await r.readexactly(length), head
 
 
 async def read_request(r: asyncio.StreamReader, state: Scripted | None = None) -> bytes:
     """One request's body, recorded in `state.requests`."""
-    _, _, body = await read_any(r)
+    _, _, body, _ = await read_any(r)
     if state is not None:
         state.requests.append(body)
     return body
@@ -95,9 +97,10 @@ def serves_vllm(post: Handler) -> Handler:
 
     async def handler(r: asyncio.StreamReader, w: asyncio.StreamWriter, state: Scripted) -> None:
         while True:
-            method, path, body = await read_any(r)
+            method, path, body, head = await read_any(r)
             if method == b"POST":
                 state.requests.append(body)
+                state.heads.append(head)
                 await post(r, w, state)
                 return
             page = _PAGES.get(path.split(b"?", 1)[0])

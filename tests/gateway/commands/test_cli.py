@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import signal
 import socket
@@ -110,6 +111,9 @@ def test_kvgate_up_serves_a_simulated_fleet_and_stops_on_ctrl_c() -> None:
         out, _ = proc.communicate(timeout=30)
         assert proc.returncode == 0, out
         assert f"kvgate is listening on {url}" in out and "curl" in out and "OpenAI(" in out
+        # The access log: one JSON line for the request, on stdout.
+        (line,) = [json.loads(x) for x in out.splitlines() if x.startswith('{"ts":')]
+        assert line["status"] == 200 and line["completion_tokens"] == 3 and line["model"] == "tiny-llama"
     finally:
         if proc.poll() is None:
             proc.kill()

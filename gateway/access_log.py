@@ -1,0 +1,83 @@
+"""One structured line per proxied request: the `kvgate.access` logger, JSON, written when it ended.
+
+Fields: `ts` (Unix seconds), `request_id`, `path`, `tenant` (null when unauthenticated), `model`
+(as the client sent it), `pool`, `route` and `target` (null until routes resolve them), `replica`
+(the last one tried), `status` (499: the client left or stopped reading), `stream`, `prompt_tokens`,
+`completion_tokens`, `cached_tokens` (the replica's usage; null when it sent none), `ttft_ms` and
+`duration_ms` (from arrival; null when nothing was sent), `retries` (attempts after the first),
+`error` (the last upstream failure's kind, or null). Never a key, a header value or the prompt.
+
+Cost: one dict and one orjson encode per request, and the logging call; none when `server.access_log`
+is off. `kvgate serve` sends the logger to stdout (gateway/server.py).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+
+import orjson
+
+from gateway.forwarder import Outcome
+
+ACCESS_LOGGER = "kvgate.access"
+
+
+class AccessLog:
+    """Writes access lines when `enabled`. Stateless apart from the logger; safe to share."""
+
+    __slots__ = ("_clock", "_log", "enabled")
+
+    def __init__(
+        self,
+        enabled: bool,
+        logger: logging.Logger | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.enabled = enabled
+        self._log = logger or logging.getLogger(ACCESS_LOGGER)
+        self._clock = clock
+
+    def write(
+        self,
+        *,
+        request_id: bytes,
+        path: str,
+        tenant: str | None,
+        model: str | None,
+        pool: str | None,
+        status: int,
+        stream: bool,
+        outcome: Outcome,
+        started: float,
+        ended: float,
+        route: str | None = None,
+        target: str | None = None,
+    ) -> None:
+        """`started`/`ended` and the outcome's times are `time.perf_counter()` readings."""
+        if not self.enabled or not self._log.isEnabledFor(logging.INFO):
+            return
+        usage = outcome.usage
+        first = outcome.first_byte_at
+        line = {
+            "ts": round(self._clock(), 3),
+            "request_id": request_id.decode("latin-1"),
+            "path": path,
+            "tenant": tenant,
+            "model": model,
+            "pool": pool,
+            "route": route,
+            "target": target,
+            "replica": outcome.replica,
+            "status": status,
+            "stream": stream,
+            "prompt_tokens": usage.prompt_tokens if usage is not None else None,
+            "completion_tokens": usage.completion_tokens if usage is not None else None,
+            "cached_tokens": usage.cached_tokens if usage is not None else None,
+            "ttft_ms": round((first - started) * 1000, 2) if first is not None else None,
+            "duration_ms": round((ended - started) * 1000, 2),
+            "retries": max(0, outcome.attempts - 1),
+            "error": outcome.error_kind,
+        }
+        self._log.info(orjson.dumps(line).decode())
