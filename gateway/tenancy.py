@@ -17,7 +17,8 @@ What a request is charged when it ends (`charge_for`):
 - no usage, but a replica was working on it (the stream broke, or the client left mid-stream or
   while the replica was prefilling): the best estimate, prompt tokens (the admission estimate, exact
   with a tokenizer) + one token per SSE event relayed (the role chunk counts as one, so this may
-  over-charge by one), 1 request;
+  over-charge by one), at most the output cap reserved (a replica cannot be made to charge more than
+  the request could produce), 1 request;
 - a replica answered an error status itself (4xx/5xx passed through): 0 tokens, 1 request;
 - it never reached a replica, or every attempt failed before any answer (kvgate answered 502/503/504
   itself, or the client left before dispatch): 0 tokens and 0 requests, the whole reservation comes
@@ -96,7 +97,7 @@ def charge_for(info: RequestInfo, usage: Usage | None, outcome: Outcome | None) 
             return Charge(0, 0)
         return Charge(1, info.prompt_tokens)
     if outcome.status == 200:
-        return Charge(1, info.prompt_tokens + outcome.events)
+        return Charge(1, info.prompt_tokens + min(outcome.events, info.max_tokens))
     return Charge(1, 0)
 
 

@@ -10,6 +10,7 @@ from typing import Any
 
 import httpx
 import orjson
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.config import parse_config
@@ -208,7 +209,9 @@ async def gateway_over(replica_url: str, config: dict[str, Any]) -> AsyncIterato
         yield server
 
 
-async def test_a_client_that_stops_reading_is_dropped_without_blaming_the_replica() -> None:
+async def test_a_client_that_stops_reading_is_dropped_without_blaming_the_replica(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     """A real client on loopback with a small receive buffer asks for a stream and reads nothing, while
     the replica streams far more than the sockets in between hold. Once kvgate's sends to the client
     stay blocked for send_timeout_s, the request ends as the client's doing: recorded 499, the upstream
@@ -261,7 +264,9 @@ async def test_a_client_that_stops_reading_is_dropped_without_blaming_the_replic
             await wait_for(lambda: gw.tenancy.summary(acme)["in_flight"] == 0, 5)
             assert gw.tenancy.admission is not None and gw.tenancy.admission.in_flight_of("acme") == 0
             used = gw.tenancy.summary(acme)["used"]
-            assert used["requests"] == 1 and used["tokens"] > 100  # hundreds of events went out
+            # Hundreds of events went out, but a replica cannot make a request cost more than its
+            # prompt and the output it may produce (charge_for caps the estimate at max_tokens).
+            assert used["requests"] == 1 and 100 < used["tokens"] <= 3500 + 20
             level = (await gw.tenancy.status(acme))["buckets"]["tokens"]["level"]
             assert capacity - used["tokens"] <= level <= capacity - used["tokens"] + 1
             # What the client gets when it reads at last: the start of the stream, then the end of the
@@ -273,3 +278,6 @@ async def test_a_client_that_stops_reading_is_dropped_without_blaming_the_replic
             assert got.startswith(b"HTTP/1.1 200") and b"data: [DONE]" not in got
         finally:
             sock.close()
+    # kvgate dropped the connection itself (its transport aborted), so the server has no unfinished
+    # response to complain about.
+    assert not [r for r in caplog.records if "without completing response" in r.getMessage()]
