@@ -61,6 +61,7 @@ class Outcome:
     max_gap_s: float = 0.0  # the longest wait between two reads once the answer started
     replica: str = ""
     detail: str = ""
+    retry_after_s: float | None = None  # a refusal's Retry-After, when it gave one
 
 
 async def send(session: aiohttp.ClientSession, url: str, plan: Plan, bounds: Bounds) -> Outcome:
@@ -86,6 +87,9 @@ async def send(session: aiohttp.ClientSession, url: str, plan: Plan, bounds: Bou
                 resp = await session.post(url, data=plan.body, headers=headers)
                 out.status = resp.status
                 out.replica = resp.headers.get("x-kvgate-replica", "")
+                retry = resp.headers.get("retry-after")
+                if retry is not None and retry.isdigit():
+                    out.retry_after_s = float(retry)
                 if resp.status != 200 or not plan.stream:
                     body = await resp.read()
                     resp.release()

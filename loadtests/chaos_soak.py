@@ -7,7 +7,8 @@ Processes, all on loopback: one `kvgate sim --replicas 1` per replica (so one ca
 restarted on its port), a private `redis-server` holding the tenants' limits, and one `kvgate serve`
 per `on_store_error` mode in `--store-modes` (both share the Redis and the fleet; the clients are
 split evenly between them). The load: `--concurrency` closed-loop clients of four tenants, mostly
-streams, some unary, some hanging up early (`loadtests.chaos_client`). The faults:
+streams, some unary, some hanging up early, each waiting a refusal's Retry-After (at most 2 s) before
+its next request (`loadtests.chaos_client`). The faults:
 `loadtests.chaos_schedule` (errors, crashes and hangs mid-stream, hangs before the first byte,
 slowdown, failing health, a replica process killed and restarted, Redis killed and restarted).
 
@@ -54,6 +55,7 @@ UPSTREAM = {
     "max_retries": 2,
 }
 STANDARD_MAX_WAIT_S = 10.0
+RETRY_AFTER_CAP_S = 2.0  # a refused client waits its Retry-After, at most this (the run is short)
 _SUMMED = frozenset(
     {
         "kvgate_requests_in_flight",
@@ -200,7 +202,10 @@ async def clients(
             r = random.Random(seed)
             while time.monotonic() < until:
                 plan = plan_request(r, keys, MODEL, texts)
-                tally.append(await send(session, url + "/v1/chat/completions", plan, b))
+                out = await send(session, url + "/v1/chat/completions", plan, b)
+                tally.append(out)
+                if out.retry_after_s is not None:  # as OpenAI's SDKs do, within reason
+                    await asyncio.sleep(min(out.retry_after_s, RETRY_AFTER_CAP_S))
 
         await asyncio.gather(*(worker(rng.randrange(1 << 30)) for _ in range(n)))
 

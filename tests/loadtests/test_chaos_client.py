@@ -163,3 +163,15 @@ def test_planned_requests_are_valid_chat_requests_and_sometimes_hang_up() -> Non
     assert 50 < len(aborts) < 150
     assert all(p.abort_after_chunks == 0 for p in aborts if not p.stream)
     assert {p.tenant_key for p in plans} == {"a", "b"}
+
+
+async def test_a_refusal_s_retry_after_is_kept_for_the_client_to_wait() -> None:
+    body = orjson.dumps({"error": {"message": "Rate limit reached", "code": 429}})
+
+    async def refuse(_: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        w.write(b"HTTP/1.1 429 X\r\nretry-after: 7\r\ncontent-length: %d\r\n\r\n%s" % (len(body), body))
+        await w.drain()
+
+    async with scripted(refuse) as url, aiohttp.ClientSession() as session:
+        out = await send(session, url, UNARY, BOUNDS)
+    assert (out.kind, out.status, out.retry_after_s) == ("http_error", 429, 7.0)
