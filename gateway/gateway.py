@@ -103,10 +103,16 @@ class Gateway:
             raise ConfigError(f"upstream.tls_ca_file: {err}") from None
 
     def ready(self) -> bool:
-        """At least one replica is healthy and has been scraped."""
-        return any(r.healthy and r.scraped_at is not None for r in self.fleet.snapshot().replicas)
+        """At least one replica is in service, healthy and has been scraped."""
+        return any(
+            r.in_service and r.healthy and r.scraped_at is not None for r in self.fleet.snapshot().replicas
+        )
 
     def _on_fleet_change(self, replica: str, change: FleetChange) -> None:
+        if change & (FleetChange.LEFT | FleetChange.RESET):
+            # Gone, or a new process at a new address: nothing kvgate sent it is cached there. A
+            # replica that is only not ready keeps its entries (a readiness blip costs no cache).
+            self.router.index.remove_replica(replica)
         if FleetChange.CAPACITY in change:
             state = self.fleet.snapshot().by_name(replica)
             if state is not None and state.num_gpu_blocks > 0:
@@ -118,9 +124,9 @@ class Gateway:
 
     def _collect_fleet_gauges(self) -> Iterable[Metric]:
         ages = []
-        for r in self.fleet.replicas:
-            age = self.fleet.scrape_age_s(r.display_name)
-            ages.append((r.display_name, -1.0 if age is None else age))
+        for name in self.fleet.names():
+            age = self.fleet.scrape_age_s(name)
+            ages.append((name, -1.0 if age is None else age))
         yield gauge_family(
             "kvgate_replica_scrape_age_seconds",
             "Seconds since the replica's last good /metrics scrape (-1 = never).",
