@@ -14,6 +14,12 @@ request is closed, nothing is reported against the replica, and the client's con
 unfinished for the server to close.
 
 Closing the upstream response is how a request is cancelled: vLLM aborts it and frees its KV blocks.
+
+Replicas come and go while requests run. A ranked replica that is no longer routable when its turn
+comes (drained, not ready, gone since the decision) is skipped without an attempt. An attempt still
+waiting for its first byte when its replica leaves the fleet (`replica_departed`) is given up at once
+and the request goes to the next candidate, without counting against the retries or the replica; an
+answer already streaming finishes.
 """
 
 from __future__ import annotations
@@ -42,6 +48,15 @@ _SSE_HEADERS = (
 )
 _DONE = b"data: [DONE]\n\n"
 _RETRY_STATUSES = frozenset({502, 503})
+DEPARTED = "replica_gone"  # error kind of an attempt given up because its replica left the fleet
+
+
+@dataclass(slots=True, eq=False)  # compared and hashed by identity: one per attempt
+class _Waiting:
+    """One attempt waiting for its first byte: its timeout, expired early if its replica leaves."""
+
+    timeout: asyncio.Timeout | None = None
+    departed: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,24 +114,41 @@ class Forwarder:
         max_retries: int,
         metrics: GatewayMetrics,
         report_failure: Callable[[str, str], None],
+        routable: Callable[[str], bool] = lambda _name: True,
     ) -> None:
         self._pool = pool
         self._t = timeouts
         self._max_retries = max_retries
         self._metrics = metrics
         self._report_failure = report_failure
+        self._routable = routable  # may a new attempt go to this replica now (FleetState.routable)
+        self._waiting: dict[str, set[_Waiting]] = {}  # replica -> attempts awaiting their first byte
+
+    def replica_departed(self, replica: str) -> None:
+        """`replica` left the fleet: attempts still waiting for its first byte go elsewhere now."""
+        for waiting in self._waiting.pop(replica, ()):
+            waiting.departed = True
+            if waiting.timeout is not None and not waiting.timeout.expired():
+                waiting.timeout.reschedule(asyncio.get_running_loop().time())
 
     async def forward(self, d: Dispatch, send: Send, out: Outcome | None = None) -> Outcome:
         """Forward `d`; `out` (optional) is filled as the request goes, so a caller whose task is
         cancelled (client gone) still knows how far it got (status, events relayed, usage)."""
         out = out if out is not None else Outcome()
-        candidates = list(d.ranked[: 1 + self._max_retries])
-        if not candidates:
+        routable = self._routable
+        remaining = [r for r in d.ranked if routable(r.name)]
+        if not remaining:
             raise GatewayError(503, "no replica can serve this request right now")
+        budget = 1 + self._max_retries  # attempts left; one given up for a departed replica is free
         last_error: GatewayError | None = None
-        for i, replica in enumerate(candidates):
-            last = i == len(candidates) - 1
-            out.attempts = i + 1
+        attempts = 0
+        while remaining and budget > 0:
+            replica = remaining.pop(0)
+            if attempts and not routable(replica.name):
+                continue  # it left, or was drained, while an earlier attempt ran
+            last = budget == 1 or not remaining
+            attempts += 1
+            out.attempts = attempts
             out.replica = replica.name
             out.error_kind = None
             out.error_detail = ""
@@ -128,12 +160,18 @@ class Forwarder:
             if done:
                 return out
             assert out.error_kind is not None
+            if out.error_kind == DEPARTED:
+                self._metrics.retries.labels(DEPARTED).inc()
+                last_error = GatewayError(503, "the replica left the fleet before answering")
+                continue
+            budget -= 1
             self._metrics.upstream_errors.labels(replica.name, out.error_kind).inc()
             self._report_failure(replica.name, out.error_kind)
             if not last:
                 self._metrics.retries.labels(out.error_kind).inc()
             last_error = _final_error(out.error_kind, out.error_detail)
-        assert last_error is not None
+        if last_error is None:
+            raise GatewayError(503, "no replica can serve this request right now")
         raise last_error
 
     async def _try_one(
@@ -146,8 +184,11 @@ class Forwarder:
         resp: UpstreamResponse | None = None
         whole: bytes | None = None
         first = b""
+        waiting = _Waiting()
+        waiters = self._waiting.setdefault(replica.name, set())
+        waiters.add(waiting)
         try:
-            async with asyncio.timeout(timeout_s):
+            async with asyncio.timeout(timeout_s) as waiting.timeout:
                 resp = await self._pool.post(replica.url, d.path, d.body)
                 if resp.status in _RETRY_STATUSES and not last:
                     resp.close()
@@ -161,7 +202,7 @@ class Forwarder:
         except TimeoutError:
             if resp is not None:
                 resp.close()
-            out.error_kind = "timeout"
+            out.error_kind = DEPARTED if waiting.departed else "timeout"
             return False
         except ConnectError as err:
             # Refused: the replica is gone (ejected at once). Timed out: maybe only a busy moment,
@@ -182,6 +223,10 @@ class Forwarder:
             if resp is not None:
                 resp.close()  # cancelled (client gone): closing aborts the request on the replica
             raise
+        finally:
+            waiters.discard(waiting)
+            if not waiters and self._waiting.get(replica.name) is waiters:
+                del self._waiting[replica.name]
         assert resp is not None
         if whole is not None:
             await self._send_whole(d, replica, resp, whole, send, out)
