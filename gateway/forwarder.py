@@ -101,6 +101,9 @@ class Dispatch:
     # Each gap between two stream chunks relayed to the client, in seconds, as the stream goes
     # (the model's inter-chunk latency histogram): n chunks relayed, n - 1 calls.
     observe_itl: Callable[[float], None] = lambda _gap: None
+    # A fresh ranking (the fleet changed): asked when an attempt's replica left the fleet before its
+    # first byte, so the request goes where the scheduler would send it now. None: the rest of `ranked`.
+    rerank: Callable[[], Sequence[ReplicaState]] | None = None
 
 
 class Forwarder:
@@ -163,6 +166,8 @@ class Forwarder:
             if out.error_kind == DEPARTED:
                 self._metrics.retries.labels(DEPARTED).inc()
                 last_error = GatewayError(503, "the replica left the fleet before answering")
+                if d.rerank is not None:
+                    remaining = [r for r in d.rerank() if r.name != replica.name and routable(r.name)]
                 continue
             budget -= 1
             self._metrics.upstream_errors.labels(replica.name, out.error_kind).inc()

@@ -18,7 +18,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Iterable, Sequence
-from typing import Protocol
+from typing import Any, Protocol
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
@@ -99,6 +99,24 @@ class Discovery:
     def stale_sources(self) -> list[str]:
         """Sources not in sync for longer than `stale_after_s` (or never)."""
         return self.reconciler.stale(self.config.stale_after_s)
+
+    def status(self) -> list[dict[str, Any]]:
+        """Each source's freshness, for /ready and the admin API (JSON-ready)."""
+        stale = set(self.stale_sources())
+        out: list[dict[str, Any]] = []
+        for s in self.reconciler.statuses():
+            age = self.reconciler.age_s(s.name)
+            out.append(
+                {
+                    "source": s.name,
+                    "stale": s.name in stale,
+                    "age_s": None if age is None else round(age, 3),
+                    "replicas": len(s.desired),
+                    "errors": s.errors,
+                    "last_error": s.last_error,
+                }
+            )
+        return out
 
     def collect(self) -> Iterable[Metric]:
         """Per-source freshness, size and errors, for a scrape-time callback."""
