@@ -84,11 +84,13 @@ class DnsSource:
         self._slow_start_s = slow_start_s
         self._resolver = resolver or build_resolver(cfg.nameservers)
         self._last: frozenset[str] | None = None
+        self.polls = 0  # polls finished (tests count intervals with it)
         self.synced = asyncio.Event()
 
     async def run(self) -> None:
         while True:
             await self.poll()
+            self.polls += 1
             self.synced.set()
             await asyncio.sleep(self._cfg.interval_s)
 

@@ -82,12 +82,14 @@ class FileSource:
         self._reconciler = reconciler
         self._slow_start_s = slow_start_s
         self._good: bytes | None = None  # the content of the last good read
+        self.polls = 0  # polls finished (tests count intervals with it)
         self.synced = asyncio.Event()  # set after the first poll, good or not
 
     async def run(self) -> None:
         """Poll forever (until cancelled)."""
         while True:
             await self.poll()
+            self.polls += 1
             self.synced.set()
             await asyncio.sleep(self._cfg.interval_s)
 
