@@ -17,7 +17,12 @@ requests released from the queue whose tasks have not yet reached the forwarder 
 two scrapes a replica gets at most `max_waiting_per_replica + 1 - waiting` new requests beyond those
 that finished, and never more than `max_in_flight_per_replica` at once. A pool with no healthy
 replica at all is not "saturated" but down: requests are not held for it (routing answers 503 at
-once instead of after a queue timeout).
+once instead of after a queue timeout). Replicas not in service (not ready, terminating) have no
+room and do not count as healthy here.
+
+Membership changes (replicas joining, leaving, changing pool) rebuild the pools' replica positions
+lazily, on the first call after the fleet's `membership_version` moved (`_sync`); a pool, with its
+queue, outlives its last replica.
 
 Fair-share reserve (policies/fair_share). The pool's last `reserve_per_replica` (at most half of
 `max_in_flight_per_replica`) x healthy replicas of room go only to tenants below their fair share of
@@ -66,7 +71,7 @@ _DEFAULT_MAX_WAIT = {Band.CRITICAL: 30.0, Band.STANDARD: 10.0, Band.SHEDDABLE: 0
 @dataclass(slots=True)
 class _Pool:
     name: str
-    indexes: tuple[int, ...]  # positions of its replicas in the fleet snapshot
+    indexes: tuple[int, ...]  # positions of its replicas in the fleet snapshot (see `_sync`)
     drain: DrainRate
     share: FairShare
     queue: FairQueue[asyncio.Future[None]] = field(default_factory=FairQueue)
@@ -103,18 +108,14 @@ class AdmissionQueue:
         self._fleet = fleet
         self._m = metrics
         self._clock = clock
-        now = clock()
-        names = [r.display_name for r in fleet.replicas]
-        pools: dict[str, list[int]] = {}
-        for i, r in enumerate(fleet.replicas):
-            pools.setdefault(r.model, []).append(i)
-        window = cfg.fair_share.active_window_s
-        self._pools = {
-            name: _Pool(name, tuple(ix), DrainRate(now), FairShare(window)) for name, ix in pools.items()
-        }
-        self._replica_index = {n: i for i, n in enumerate(names)}
-        self._replica_pool = {n: self._pools[r.model] for n, r in zip(names, fleet.replicas, strict=True)}
-        self._at_scrape = [0] * len(names)  # each replica's in-flight count at its last good scrape
+        self._window = cfg.fair_share.active_window_s
+        self._pools: dict[str, _Pool] = {}
+        self._replica_pool: dict[str, _Pool] = {}
+        self._names: tuple[str, ...] = ()  # replica names in snapshot order, as `_at_scrape`
+        self._position: dict[str, int] = {}  # replica name -> its position in the snapshot
+        self._at_scrape: list[int] = []  # each replica's in-flight count at its last good scrape
+        self._membership = -1  # the fleet's membership_version the pools were built for
+        self._sync()
         self._depth = 0
         self._ids = itertools.count()
         self._closed = False
@@ -129,6 +130,7 @@ class AdmissionQueue:
         429 (the tenant's queue limit), each with Retry-After. Cancellation-safe: a cancelled waiter
         leaves the queue.
         """
+        self._sync()
         p = self._pools.get(pool)
         if p is None:
             return "direct"  # not a pool of this fleet: routing will answer
@@ -204,19 +206,22 @@ class AdmissionQueue:
     # -- capacity events ------------------------------------------------------------------------
 
     def on_fleet_change(self, replica: str, change: FleetChange) -> None:
+        before = self._replica_pool.get(replica)  # a replica that left or moved frees its old pool
+        self._sync()
         p = self._replica_pool.get(replica)
-        if p is None:
-            return
         now = self._clock()
-        if FleetChange.RELEASED in change:
-            p.drain.observe(now)
-        if FleetChange.METRICS in change:
-            i = self._replica_index[replica]
-            self._at_scrape[i] = self._fleet.snapshot().replicas[i].in_flight
-        if p.queue:
-            # A finished request is released here before its tenant's `leave`, which follows at
-            # once: the reserved room waits for it, so the shares it is given to are up to date.
-            self._drain(p, now, reserve_too=FleetChange.RELEASED not in change)
+        if p is not None:
+            if FleetChange.RELEASED in change:
+                p.drain.observe(now)
+            if FleetChange.METRICS in change:
+                i = self._position[replica]
+                self._at_scrape[i] = self._fleet.snapshot().replicas[i].in_flight
+            if p.queue:
+                # A finished request is released here before its tenant's `leave`, which follows at
+                # once: the reserved room waits for it, so the shares it is given to are up to date.
+                self._drain(p, now, reserve_too=FleetChange.RELEASED not in change)
+        if before is not None and before is not p and before.queue:
+            self._drain(before, now)
 
     def close(self) -> None:
         """Refuse everything waiting (shutdown)."""
@@ -229,8 +234,34 @@ class AdmissionQueue:
 
     # -- internals ------------------------------------------------------------------------------
 
+    def _sync(self) -> None:
+        """Rebuild the pools' replica positions after the fleet's membership changed (replicas
+        joined, left or changed pool): positions in a snapshot hold only between two changes.
+        A pool keeps its queue, drain rate and shares across changes, also while it has no replica."""
+        fleet = self._fleet
+        if fleet.membership_version == self._membership:
+            return
+        self._membership = fleet.membership_version
+        replicas = fleet.snapshot().replicas
+        positions: dict[str, list[int]] = {}
+        for i, r in enumerate(replicas):
+            if r.pool:
+                positions.setdefault(r.pool, []).append(i)
+        now = self._clock()
+        for name in positions:
+            if name not in self._pools:
+                self._pools[name] = _Pool(name, (), DrainRate(now), FairShare(self._window))
+        for name, p in self._pools.items():
+            p.indexes = tuple(positions.get(name, ()))
+        at_scrape = dict(zip(self._names, self._at_scrape, strict=True))
+        self._names = tuple(r.name for r in replicas)
+        self._position = {n: i for i, n in enumerate(self._names)}
+        self._at_scrape = [at_scrape.get(n, 0) for n in self._names]
+        self._replica_pool = {r.name: self._pools[r.pool] for r in replicas if r.pool}
+
     def _room(self, p: _Pool, now: float, enough: int) -> int:
         """Requests the pool can take now (see the module doc), counting up to `enough` at least."""
+        self._sync()
         replicas = self._fleet.snapshot().replicas
         thr = self._thr
         queue_room = thr.max_waiting_per_replica + 1
@@ -238,7 +269,7 @@ class AdmissionQueue:
         healthy = False
         for i in p.indexes:
             r = replicas[i]
-            healthy = healthy or r.healthy
+            healthy = healthy or (r.healthy and r.in_service)
             h = replica_headroom(r, thr, now)
             if h <= 0:
                 continue
@@ -257,8 +288,9 @@ class AdmissionQueue:
         per = min(self._cfg.fair_share.reserve_per_replica, self._thr.max_in_flight_per_replica // 2)
         if not per:
             return 0
+        self._sync()
         replicas = self._fleet.snapshot().replicas
-        return per * sum(1 for i in p.indexes if replicas[i].healthy)
+        return per * sum(1 for i in p.indexes if replicas[i].healthy and replicas[i].in_service)
 
     def _drain(self, p: _Pool, now: float, reserve_too: bool = True) -> None:
         """Release waiters while there is room: in the queue's order above the reserve, then (if

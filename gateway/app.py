@@ -110,13 +110,20 @@ class KvgateApp:
         async def ready() -> Response:
             gw = self._gw()
             ok = gw.ready()
-            body = {
+            body: dict[str, Any] = {
                 "ready": ok,
                 "replicas": [
-                    {"name": r.name, "healthy": r.healthy, "scraped": r.scraped_at is not None}
+                    {
+                        "name": r.name,
+                        "state": r.phase.value,
+                        "healthy": r.healthy,
+                        "scraped": r.scraped_at is not None,
+                    }
                     for r in gw.fleet.snapshot().replicas
                 ],
             }
+            if gw.discovery.reconciler.statuses():
+                body["discovery"] = gw.discovery.status()
             return JSONResponse(body, status_code=200 if ok else 503)
 
         @api.get("/metrics")

@@ -14,6 +14,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from gateway.config_discovery import DiscoveryConfig
 from gateway.upstream.address import parse_replica_url
 
 
@@ -270,6 +271,7 @@ class Config(_Strict):
     server: ServerConfig = ServerConfig()
     models: tuple[ModelConfig, ...] = ()
     replicas: tuple[ReplicaConfig, ...] = ()
+    discovery: DiscoveryConfig = DiscoveryConfig()  # replicas that come and go (config_discovery.py)
     simulator: SimulatorConfig = SimulatorConfig()
     fleet: FleetConfig = FleetConfig()
     upstream: UpstreamConfig = UpstreamConfig()

@@ -19,6 +19,12 @@ What goes to the replica besides the body: the replica's credential (`ReplicaCre
 client's key) and the request's `x-request-id`. What comes back: the replica's status, body and its
 response headers except hop-by-hop ones, framing (kvgate frames the answer itself), `date`/`server`,
 the request id (kvgate sets its own) and anything named `x-kvgate-*` (kvgate's to say).
+
+Replicas come and go while requests run. A ranked replica that is no longer routable when its turn
+comes (drained, not ready, gone since the decision) is skipped without an attempt. An attempt still
+waiting for its first byte when its replica leaves the fleet (`replica_departed`) is given up at once
+and the request goes to the next candidate, without counting against the retries or the replica; an
+answer already streaming finishes.
 """
 
 from __future__ import annotations
@@ -59,6 +65,15 @@ _NOT_PASSED = frozenset(
         b"date", b"server", b"x-request-id",
     }
 )  # fmt: skip
+DEPARTED = "replica_gone"  # error kind of an attempt given up because its replica left the fleet
+
+
+@dataclass(slots=True, eq=False)  # compared and hashed by identity: one per attempt
+class _Waiting:
+    """One attempt waiting for its first byte: its timeout, expired early if its replica leaves."""
+
+    timeout: asyncio.Timeout | None = None
+    departed: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,6 +119,9 @@ class Dispatch:
     # (the model's inter-chunk latency histogram): n chunks relayed, n - 1 calls.
     observe_itl: Callable[[float], None] = lambda _gap: None
     upstream_headers: tuple[Header, ...] = ()  # sent to every replica tried (x-request-id)
+    # A fresh ranking (the fleet changed): asked when an attempt's replica left the fleet before its
+    # first byte, so the request goes where the scheduler would send it now. None: the rest of `ranked`.
+    rerank: Callable[[], Sequence[ReplicaState]] | None = None
 
 
 class Forwarder:
@@ -118,6 +136,7 @@ class Forwarder:
         metrics: GatewayMetrics,
         report_failure: Callable[[str, str], None],
         credentials: ReplicaCredentials | None = None,
+        routable: Callable[[str], bool] = lambda _name: True,
     ) -> None:
         self._pool = pool
         self._t = timeouts
@@ -125,18 +144,34 @@ class Forwarder:
         self._metrics = metrics
         self._report_failure = report_failure
         self._credentials = credentials or ReplicaCredentials({}, {})
+        self._routable = routable  # may a new attempt go to this replica now (FleetState.routable)
+        self._waiting: dict[str, set[_Waiting]] = {}  # replica -> attempts awaiting their first byte
+
+    def replica_departed(self, replica: str) -> None:
+        """`replica` left the fleet: attempts still waiting for its first byte go elsewhere now."""
+        for waiting in self._waiting.pop(replica, ()):
+            waiting.departed = True
+            if waiting.timeout is not None and not waiting.timeout.expired():
+                waiting.timeout.reschedule(asyncio.get_running_loop().time())
 
     async def forward(self, d: Dispatch, send: Send, out: Outcome | None = None) -> Outcome:
         """Forward `d`; `out` (optional) is filled as the request goes, so a caller whose task is
         cancelled (client gone) still knows how far it got (status, events relayed, usage)."""
         out = out if out is not None else Outcome()
-        candidates = list(d.ranked[: 1 + self._max_retries])
-        if not candidates:
+        routable = self._routable
+        remaining = [r for r in d.ranked if routable(r.name)]
+        if not remaining:
             raise GatewayError(503, "no replica can serve this request right now")
+        budget = 1 + self._max_retries  # attempts left; one given up for a departed replica is free
         last_error: GatewayError | None = None
-        for i, replica in enumerate(candidates):
-            last = i == len(candidates) - 1
-            out.attempts = i + 1
+        attempts = 0
+        while remaining and budget > 0:
+            replica = remaining.pop(0)
+            if attempts and not routable(replica.name):
+                continue  # it left, or was drained, while an earlier attempt ran
+            last = budget == 1 or not remaining
+            attempts += 1
+            out.attempts = attempts
             out.replica = replica.name
             out.error_kind = None
             out.error_detail = ""
@@ -148,12 +183,20 @@ class Forwarder:
             if done:
                 return out
             assert out.error_kind is not None
+            if out.error_kind == DEPARTED:
+                self._metrics.retries.labels(DEPARTED).inc()
+                last_error = GatewayError(503, "the replica left the fleet before answering")
+                if d.rerank is not None:
+                    remaining = [r for r in d.rerank() if r.name != replica.name and routable(r.name)]
+                continue
+            budget -= 1
             self._metrics.upstream_errors.labels(replica.name, out.error_kind).inc()
             self._report_failure(replica.name, out.error_kind)
             if not last:
                 self._metrics.retries.labels(out.error_kind).inc()
             last_error = _final_error(out.error_kind, out.error_detail)
-        assert last_error is not None
+        if last_error is None:
+            raise GatewayError(503, "no replica can serve this request right now")
         raise last_error
 
     async def _try_one(
@@ -167,8 +210,11 @@ class Forwarder:
         whole: bytes | None = None
         first = b""
         headers = self._credentials.headers_for(replica.name, replica.pool) + d.upstream_headers
+        waiting = _Waiting()
+        waiters = self._waiting.setdefault(replica.name, set())
+        waiters.add(waiting)
         try:
-            async with asyncio.timeout(timeout_s):
+            async with asyncio.timeout(timeout_s) as waiting.timeout:
                 resp = await self._pool.post(replica.url, d.path, d.body, headers)
                 if resp.status in _RETRY_STATUSES and not last:
                     resp.close()
@@ -182,7 +228,7 @@ class Forwarder:
         except TimeoutError:
             if resp is not None:
                 resp.close()
-            out.error_kind = "timeout"
+            out.error_kind = DEPARTED if waiting.departed else "timeout"
             return False
         except ConnectError as err:
             # Refused: the replica is gone (ejected at once). Timed out: maybe only a busy moment,
@@ -203,6 +249,10 @@ class Forwarder:
             if resp is not None:
                 resp.close()  # cancelled (client gone): closing aborts the request on the replica
             raise
+        finally:
+            waiters.discard(waiting)
+            if not waiters and self._waiting.get(replica.name) is waiters:
+                del self._waiting[replica.name]
         assert resp is not None
         if whole is not None:
             await self._send_whole(d, replica, resp, whole, send, out)

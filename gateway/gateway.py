@@ -13,10 +13,11 @@ import ssl
 import time
 from collections.abc import Callable, Iterable
 
-from prometheus_client.core import Metric
+from prometheus_client.core import GaugeMetricFamily, Metric
 
 from gateway.access_log import AccessLog
 from gateway.config import Config, ConfigError
+from gateway.discovery import Discovery
 from gateway.fleet.scraper import FleetScraper, build_client
 from gateway.fleet.state import FleetChange, FleetState
 from gateway.forwarder import Forwarder, Timeouts
@@ -29,6 +30,7 @@ from gateway.upstream import UpstreamPool
 from gateway.upstream.address import parse_replica_url
 from gateway.upstream.tls import client_tls_context
 from policies.prefix_index import capacity_blocks
+from policies.types import ReplicaPhase
 
 log = logging.getLogger(__name__)
 
@@ -44,16 +46,19 @@ class Gateway:
         self.clock = clock
         self.rng = rng or random.Random(config.scheduling.seed)
         self.metrics = GatewayMetrics()
+        # Read first: an unset variable or unreadable file stops start-up, naming the setting.
+        self.credentials = ReplicaCredentials.from_config(config)
         self.fleet = FleetState(config.replicas, config.fleet, clock)
+        # The membership API beside the static list: discovery sources, and a reload, go through it.
+        self.discovery = Discovery(config.discovery, self.fleet, config.replicas, clock)
         self.router = Router(config, self.rng)
         self.tenancy = Tenancy(config, self.fleet, self.metrics, clock)
         self.session_header = config.scheduling.session_header.lower().encode("latin-1")
         self.fleet.add_listener(self._on_fleet_change)
         self.metrics.add_callback(self._collect_fleet_gauges)
-        # Read now: an unset variable or unreadable file stops start-up, naming the setting.
-        self.credentials = ReplicaCredentials.from_config(config)
         self.request_ids = RequestIds()
         self.access_log = AccessLog(config.server.access_log)
+        self.metrics.add_callback(self.discovery.collect)
         self._pool: UpstreamPool | None = None
         self._scrape_pool: UpstreamPool | None = None
         self._scraper: FleetScraper | None = None
@@ -82,16 +87,19 @@ class Gateway:
             up.max_retries,
             self.metrics,
             self.fleet.report_failure,
-            self.credentials,
+            credentials=self.credentials,
+            routable=self.fleet.routable,
         )
         self._scrape_pool = build_client(self.config.fleet, tls)
         self._scraper = FleetScraper(
             self.fleet, self.config.fleet, self._scrape_pool, rng=self.rng, credentials=self.credentials
         )
         await self._scraper.start()
+        await self.discovery.start()
         await self.tenancy.start()
 
     async def stop(self) -> None:
+        await self.discovery.stop()
         await self.tenancy.stop()
         if self._scraper is not None:
             await self._scraper.stop()
@@ -103,7 +111,8 @@ class Gateway:
     def _tls_context(self) -> ssl.SSLContext | None:
         """The TLS context both pools share; None when no replica is https:// (reads the CA file)."""
         up = self.config.upstream
-        if not any(parse_replica_url(r.url).tls for r in self.config.replicas):
+        discovered_tls = self.config.discovery.configured  # a replicas file may name https:// ones
+        if not discovered_tls and not any(parse_replica_url(r.url).tls for r in self.config.replicas):
             return None
         if not up.tls_verify:
             log.warning("upstream.tls_verify is false: replica certificates and host names are not checked")
@@ -113,10 +122,24 @@ class Gateway:
             raise ConfigError(f"upstream.tls_ca_file: {err}") from None
 
     def ready(self) -> bool:
-        """At least one replica is healthy and has been scraped."""
-        return any(r.healthy and r.scraped_at is not None for r in self.fleet.snapshot().replicas)
+        """At least one replica is in service, healthy and has been scraped, and no discovery source
+        is stale (a fleet picture nobody refreshes may be routing to replicas long gone)."""
+        return not self.discovery.stale_sources() and any(
+            r.in_service and r.healthy and r.scraped_at is not None for r in self.fleet.snapshot().replicas
+        )
 
     def _on_fleet_change(self, replica: str, change: FleetChange) -> None:
+        if change & (FleetChange.LEFT | FleetChange.RESET):
+            # Gone, or a new process at a new address: nothing kvgate sent it is cached there. A
+            # replica that is only not ready keeps its entries (a readiness blip costs no cache).
+            self.router.index.remove_replica(replica)
+        if FleetChange.DEPARTED in change and self._forwarder is not None:
+            self._forwarder.replica_departed(replica)
+        if FleetChange.LEFT in change:
+            self.metrics.forget_replica(replica)
+            self.credentials.forget(replica)
+        elif change & (FleetChange.JOINED | FleetChange.RESET):
+            self.credentials.update_replica(replica, self.fleet.spec(replica).config)
         if FleetChange.CAPACITY in change:
             state = self.fleet.snapshot().by_name(replica)
             if state is not None and state.num_gpu_blocks > 0:
@@ -128,9 +151,9 @@ class Gateway:
 
     def _collect_fleet_gauges(self) -> Iterable[Metric]:
         ages = []
-        for r in self.fleet.replicas:
-            age = self.fleet.scrape_age_s(r.display_name)
-            ages.append((r.display_name, -1.0 if age is None else age))
+        for name in self.fleet.names():
+            age = self.fleet.scrape_age_s(name)
+            ages.append((name, -1.0 if age is None else age))
         yield gauge_family(
             "kvgate_replica_scrape_age_seconds",
             "Seconds since the replica's last good /metrics scrape (-1 = never).",
@@ -143,6 +166,15 @@ class Gateway:
             "replica",
             [(r.name, 1.0 if r.healthy else 0.0) for r in self.fleet.snapshot().replicas],
         )
+        states = GaugeMetricFamily(
+            "kvgate_replica_state",
+            "1 for the replica's membership state (ready, not_ready, terminating), 0 for the others.",
+            labels=["replica", "state"],
+        )
+        for r in self.fleet.snapshot().replicas:
+            for phase in ReplicaPhase:
+                states.add_metric([r.name, phase.value], 1.0 if r.phase is phase else 0.0)
+        yield states
         yield gauge_family(
             "kvgate_prefix_index_keys",
             "Block keys the prefix index holds for the replica.",

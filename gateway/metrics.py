@@ -201,6 +201,12 @@ class GatewayMetrics:
             c = self._replica[replica] = self.decisions.labels(replica)
         c.inc()
 
+    def forget_replica(self, replica: str) -> None:
+        """Drop a replica's per-replica series that this class keeps (it left the fleet): pods come
+        and go under new names, and each name's series would otherwise stay forever."""
+        if self._replica.pop(replica, None) is not None:
+            self.decisions.remove(replica)
+
     def add_callback(self, produce: Callable[[], Iterable[Metric]]) -> None:
         self.registry.register(_CallbackCollector(produce))
 

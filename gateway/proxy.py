@@ -207,6 +207,7 @@ class ProxyEndpoint:
             on_attempt_end=on_attempt_end,
             observe_itl=gw.metrics.for_model(info.base_model).itl.observe,
             upstream_headers=(rid,),
+            rerank=lambda: gw.router.decide(info, gw.fleet.snapshot(), gw.clock()).decision.ranked,
         )
         return await gw.forwarder.forward(dispatch, guarded_send, progress)
 

@@ -6,29 +6,41 @@ mounted Secret often ends with a newline) when the Gateway is built, and turned 
 line it becomes, `Authorization: Bearer <key>`. It is kept nowhere else: no repr, log line, metric or
 error message shows it; an error names the setting, never the value.
 
-Replicas that kvgate learns of at run time (discovery) get their pool's credential by pool name.
+Replicas that kvgate learns of at run time (discovery) get their pool's credential by pool name, or
+their own when their `replicas:` entry (a replicas file) names one: `update_replica` reads it when the
+replica joins or moves to a new URL; an unusable one is logged (by setting, not value) and the pool's
+is sent instead.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Mapping
 from pathlib import Path
 
 from gateway.config import Config, ConfigError, ReplicaCredential
 
+log = logging.getLogger(__name__)
 Header = tuple[bytes, bytes]
 _NONE: tuple[Header, ...] = ()
 
 
 class ReplicaCredentials:
-    """Header lines to send to each replica. Immutable after construction; safe to share."""
+    """Header lines to send to each replica. Pools' credentials are fixed at construction; replicas'
+    change as they join (`update_replica`, `forget`). One event loop."""
 
-    __slots__ = ("_by_pool", "_by_replica")
+    __slots__ = ("_by_pool", "_by_replica", "_env")
 
-    def __init__(self, by_replica: Mapping[str, Header], by_pool: Mapping[str, Header]) -> None:
+    def __init__(
+        self,
+        by_replica: Mapping[str, Header],
+        by_pool: Mapping[str, Header],
+        environ: Mapping[str, str] | None = None,
+    ) -> None:
         self._by_replica = {name: (h,) for name, h in by_replica.items()}
         self._by_pool = {name: (h,) for name, h in by_pool.items()}
+        self._env = os.environ if environ is None else environ
 
     @classmethod
     def from_config(cls, config: Config, environ: Mapping[str, str] | None = None) -> ReplicaCredentials:
@@ -43,7 +55,22 @@ class ReplicaCredentials:
             for i, r in enumerate(config.replicas)
             if r.has_credential
         }
-        return cls(by_replica, by_pool)
+        return cls(by_replica, by_pool, env)
+
+    def update_replica(self, name: str, own: ReplicaCredential | None) -> None:
+        """`name` joined or moved: its own credential (`own`, read now) or, without one, its pool's.
+        Never raises: an unusable credential is logged and the pool's is used."""
+        if own is None or not own.has_credential:
+            self._by_replica.pop(name, None)
+            return
+        try:
+            self._by_replica[name] = (_header(own, f"replica {name}", self._env),)
+        except ConfigError as err:
+            self._by_replica.pop(name, None)
+            log.warning("%s; its pool's credential is sent instead", err)
+
+    def forget(self, name: str) -> None:
+        self._by_replica.pop(name, None)
 
     def headers_for(self, replica: str, pool: str) -> tuple[Header, ...]:
         """The extra request header lines for `replica` of `pool` (empty: no credential)."""

@@ -295,11 +295,13 @@ class DefaultWeights:
         return f"p{self.prefix:g}-q{self.queue:g}-k{self.kv:g}-{guard}-{full}"
 
     def spec(self) -> dict[str, Any]:
-        """The profile spec (config `scheduling.profiles` form): the hard filters, `fresh`, then
-        kv-full and load-guard as set; the three weighted scorers (a zero weight leaves the scorer
-        out), then lora-locality and session-affinity at weight 1; the max-score picker."""
+        """The profile spec (config `scheduling.profiles` form): the built-ins' membership and hard
+        filters, `fresh`, then kv-full and load-guard as set; the three weighted scorers (a zero
+        weight leaves the scorer out), then lora-locality and session-affinity at weight 1; the
+        max-score picker."""
         filters: list[dict[str, Any]] = [
-            {"type": "healthy"}, {"type": "serves-model"}, {"type": "serves-adapter"}, {"type": "fresh"},
+            {"type": "in-service"}, {"type": "healthy"}, {"type": "serves-model"}, {"type": "serves-adapter"},
+            {"type": "slow-start"}, {"type": "fresh"},
         ]  # fmt: skip
         if self.kv_full is not None:
             filters.append({"type": "kv-full", "params": {"threshold": float(self.kv_full)}})

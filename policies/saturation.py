@@ -3,6 +3,7 @@
 While a pool is saturated, the gateway holds requests in its fair queue instead of sending them to
 replicas that would only queue or preempt them. A replica counts as saturated when any of these holds:
 
+- it is out of service (not ready, or terminating: `ReplicaState.in_service`);
 - it is unhealthy (ejected or failing health checks);
 - its metrics are stale or it was never scraped (`now - scraped_at > stale_after_s`): the gateway
   cannot see it, so it does not pile work onto it blind;
@@ -49,6 +50,7 @@ class SaturationThresholds:
 class SaturationReason(enum.Enum):
     """Why a replica takes no more work; `value` is a metric label."""
 
+    OUT_OF_SERVICE = "out_of_service"
     UNHEALTHY = "unhealthy"
     STALE = "stale"
     WAITING = "waiting"
@@ -58,6 +60,8 @@ class SaturationReason(enum.Enum):
 
 def saturation_reason(r: ReplicaState, thr: SaturationThresholds, now: float) -> SaturationReason | None:
     """The first rule (in the order of the module docstring) that makes `r` saturated, or None."""
+    if not r.in_service:
+        return SaturationReason.OUT_OF_SERVICE
     if not r.healthy:
         return SaturationReason.UNHEALTHY
     if not r.is_fresh(now, thr.stale_after_s):

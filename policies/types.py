@@ -36,6 +36,24 @@ class Band(enum.IntEnum):
         return self.name.lower()
 
 
+class ReplicaPhase(enum.Enum):
+    """Where a replica stands in the fleet's membership; `value` is a metric and API label.
+
+    - READY: in service, may be chosen for new requests.
+    - NOT_READY: known but not selectable (its source says not ready, or its `/v1/models` has not yet
+      shown the expected model). Its metrics and the prefix index's picture of its cache are kept,
+      so a readiness blip costs no cache state.
+    - TERMINATING: takes no new requests; requests already sent to it finish (draining, a
+      terminating endpoint, or a replica that left discovery while it still had requests in flight).
+
+    A replica that is gone is not in the snapshot at all.
+    """
+
+    READY = "ready"
+    NOT_READY = "not_ready"
+    TERMINATING = "terminating"
+
+
 @dataclass(frozen=True, slots=True)
 class ReplicaState:
     """What the gateway believes about one replica at one instant.
@@ -43,6 +61,9 @@ class ReplicaState:
     `running`, `waiting`, `kv_usage` and the adapter sets come from the replica's last good scrape;
     `in_flight*` are the gateway's own live counts (sent, not yet finished), exact between scrapes.
     `scraped_at` is None until the first good scrape. `kv_usage` is a fraction in [0, 1].
+    `phase` is its membership (`ReplicaPhase`); only READY replicas take new requests. `ready_since`
+    is when it last became READY while it ramps up (slow start over `slow_start_s` seconds, see
+    `policies.slow_start`); None when it does not ramp.
     """
 
     name: str
@@ -62,6 +83,14 @@ class ReplicaState:
     active_adapters: frozenset[str] = frozenset()
     # A factory, not `default=`: Python 3.11 refuses an unhashable default (mappingproxy) outright.
     labels: Mapping[str, str] = field(default_factory=lambda: _EMPTY)
+    phase: ReplicaPhase = ReplicaPhase.READY
+    ready_since: float | None = None
+    slow_start_s: float = 0.0
+
+    @property
+    def in_service(self) -> bool:
+        """May take new requests (READY); says nothing about health, see `healthy`."""
+        return self.phase is ReplicaPhase.READY
 
     @property
     def kv_capacity_tokens(self) -> int:
@@ -74,7 +103,8 @@ class ReplicaState:
 
 @dataclass(frozen=True, slots=True)
 class FleetSnapshot:
-    """Every known replica at `taken_at` (monotonic seconds). Order is stable (config order)."""
+    """Every known replica at `taken_at` (monotonic seconds), whatever its phase. Order is stable
+    while membership is: static replicas in config order, then discovered ones as they joined."""
 
     replicas: tuple[ReplicaState, ...]
     taken_at: float

@@ -1,4 +1,5 @@
-"""`kvgate serve --config FILE [--host H] [--port P]`: run the gateway in front of configured replicas."""
+"""`kvgate serve --config FILE [--host H] [--port P]`: run the gateway in front of configured replicas
+(a static `replicas:` list, `discovery:`, or both)."""
 
 from __future__ import annotations
 
@@ -24,9 +25,10 @@ def run(args: argparse.Namespace) -> int:
     except ConfigError as err:
         print(f"kvgate: invalid config {args.config}:\n{err}", file=sys.stderr)
         return 2
-    if not config.replicas:
+    if not config.replicas and not config.discovery.configured:
         print(
-            "kvgate serve: the config names no replicas (use `kvgate up` for a simulated fleet)",
+            "kvgate serve: the config names no replicas and no discovery "
+            "(use `kvgate up` for a simulated fleet)",
             file=sys.stderr,
         )
         return 2

@@ -1,5 +1,7 @@
 """`kvgate up`: the embedded default — a simulated vLLM fleet and kvgate in front of it, in one command.
 
+The simulated fleet starts only when the config names neither replicas nor discovery.
+
 The fleet runs as a child process (`kvgate sim`) so the simulator and the gateway each get their own
 core; kvgate runs here with in-memory state. Ctrl-C stops both.
 """
@@ -8,6 +10,10 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from gateway.config import Config
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -49,7 +55,7 @@ def run(args: argparse.Namespace) -> int:
     port = args.port if args.port is not None else config.server.port
     fleet: EmbeddedFleet | None = None
     try:
-        if not config.replicas:
+        if not config.replicas and not config.discovery.configured:
             fleet = EmbeddedFleet(sim)
             try:
                 urls = fleet.start()
@@ -60,13 +66,24 @@ def run(args: argparse.Namespace) -> int:
             print(f"simulated fleet: {len(urls)} x {sim.profile} (time scale {sim.time_scale})")
             for u in urls:
                 print(f"  {u}")
-        model = config.replicas[0].model
+        model = _a_model(config)
         print(banner(f"http://{host}:{port}", model), flush=True)
         serve_forever(config, host, port)
     finally:
         if fleet is not None:
             fleet.stop()
     return 0
+
+
+def _a_model(config: Config) -> str:
+    """A model to show in the banner: the first static replica's, else a discovery source's."""
+    if config.replicas:
+        return config.replicas[0].model
+    d = config.discovery
+    for source in (d.kubernetes, d.dns):
+        if source is not None and source.model:
+            return source.model
+    return "MODEL"
 
 
 def banner(url: str, model: str) -> str:

@@ -12,17 +12,21 @@ a small circuit breaker:
   while its last health check said unhealthy; a failure after the backoff expired ejects it again
   with the next, longer backoff (the probe failed);
 - a success resets `consecutive_failures`.
+
+Membership (`gateway.fleet.membership`): the record holds its source's `ReplicaSpec`, whether kvgate
+drained it (admin) and whether it is departing (left its source with requests in flight); its
+`phase` follows from those and from its `/v1/models` (`effective_phase`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from types import MappingProxyType
 
-from gateway.config import FleetConfig, ReplicaConfig
+from gateway.config import FleetConfig
+from gateway.fleet.membership import ReplicaSpec, effective_phase
 from gateway.fleet.metrics_parse import ReplicaMetrics
 from gateway.fleet.models_parse import ServedModels
-from policies.types import ReplicaState
+from policies.types import ReplicaPhase, ReplicaState
 
 # Failure kinds that eject at once. Others ("timeout", "status_5xx", "broken", "parse", ...) count
 # toward `eject_after_failures`.
@@ -37,8 +41,9 @@ class ReplicaRecord:
     __slots__ = (
         "_fleet",
         "adapters",
-        "config",
         "consecutive_failures",
+        "departing",
+        "drained",
         "ejected_until",
         "ejections",
         "health_says_unhealthy",
@@ -48,19 +53,26 @@ class ReplicaRecord:
         "labels",
         "metrics",
         "name",
+        "phase",
         "pool",
+        "ready_since",
         "scraped_at",
         "served",
+        "spec",
         "url",
     )
 
-    def __init__(self, config: ReplicaConfig, fleet: FleetConfig, now: float) -> None:
+    def __init__(self, spec: ReplicaSpec, fleet: FleetConfig, now: float) -> None:
         self._fleet = fleet
-        self.config = config
-        self.name = config.display_name
-        self.url = config.url
-        self.pool = config.model
-        self.labels: Mapping[str, str] = MappingProxyType(dict(config.labels))
+        self.spec = spec
+        self.name = spec.name
+        self.url = spec.url
+        self.pool = spec.model or ""  # "" until /v1/models names it (spec.model None)
+        self.labels: Mapping[str, str] = spec.labels
+        self.drained = False  # kvgate's own decision (admin API): no new requests
+        self.departing = False  # left its source; forgotten when its last request finishes
+        self.phase = ReplicaPhase.NOT_READY
+        self.ready_since: float | None = None  # set while it ramps up (slow start)
         self.metrics: ReplicaMetrics | None = None
         self.scraped_at: float | None = None
         self.served: ServedModels | None = None
@@ -72,6 +84,54 @@ class ReplicaRecord:
         self.ejected_until: float | None = None  # None: in rotation
         self.in_rotation_since: float = now
         self.health_says_unhealthy = False
+
+    # -- membership -----------------------------------------------------------------------------
+
+    def set_spec(self, spec: ReplicaSpec) -> None:
+        """Its source's new word. A new URL is a new process: scrape, health and served models start
+        over (the caller also forgets its cache picture); a new model moves it to that pool."""
+        if spec.url != self.url:
+            self.url = spec.url
+            self.metrics = None
+            self.scraped_at = None
+            self.served = None
+            self.adapters = frozenset()
+            self.consecutive_failures = 0
+            self.ejections = 0
+            self.ejected_until = None
+            self.health_says_unhealthy = False
+        self.spec = spec
+        self.labels = spec.labels
+        self.pool = self._pool_now()
+
+    def update_phase(self, now: float, pool_has_ready_peer: bool) -> bool:
+        """Recompute `phase`; True when it changed. Becoming READY while another replica of its pool
+        is READY starts its slow-start ramp (alone in its pool there is nobody to share with)."""
+        phase = effective_phase(
+            self.spec.phase,
+            departing=self.departing,
+            drained=self.drained,
+            awaiting_model=self.spec.await_model and not self.model_listed(),
+        )
+        if self.pool == "" and phase is ReplicaPhase.READY:
+            phase = ReplicaPhase.NOT_READY  # its model is not known yet: it is in no pool
+        if phase is self.phase:
+            return False
+        self.phase = phase
+        ramps = phase is ReplicaPhase.READY and pool_has_ready_peer and self.spec.slow_start_s > 0
+        self.ready_since = now if ramps else None
+        return True
+
+    def model_listed(self) -> bool:
+        """Its last good `/v1/models` lists its pool's model."""
+        return self.served is not None and self.pool != "" and self.pool in self.served.base_models
+
+    def _pool_now(self) -> str:
+        if self.spec.model is not None:
+            return self.spec.model
+        if self.served is not None and self.served.base_models:
+            return self.served.base_models[0]
+        return ""
 
     @property
     def ejected(self) -> bool:
@@ -130,6 +190,7 @@ class ReplicaRecord:
         """A good `/v1/models` poll. Returns True when the adapters or base models changed."""
         changed = self.served != served
         self.served = served
+        self.pool = self._pool_now()
         return self._refresh_adapters() or changed
 
     def _refresh_adapters(self) -> bool:
@@ -176,4 +237,7 @@ class ReplicaRecord:
             adapters=self.adapters,
             active_adapters=frozenset(m.running_adapters),
             labels=self.labels,
+            phase=self.phase,
+            ready_since=self.ready_since,
+            slow_start_s=self.spec.slow_start_s,
         )

@@ -1,12 +1,15 @@
 """Named profile specs that ship with kvgate; the config may add profiles or override these by name.
 
-- `default`: kvgate's profile. Hard filters (healthy, serves-model, serves-adapter), soft filters
-  (fresh, load-guard), and the scorers the benchmark kept: prefix affinity, queue depth, LoRA
-  locality, session affinity (kv-headroom and kv-full are available to custom profiles; the benchmark
-  found them harmful with shared prefixes, see the comment on the spec).
+- `default`: kvgate's profile. Hard filters (in-service, healthy, serves-model, serves-adapter), soft
+  filters (slow-start, fresh, load-guard), and the scorers the benchmark kept: prefix affinity, queue
+  depth, LoRA locality, session affinity (kv-headroom and kv-full are available to custom profiles;
+  the benchmark found them harmful with shared prefixes, see the comment on the spec).
 - `round-robin`, `least-loaded` (queue depth only), `prefix-only` and `random`: the baselines the
-  benchmark compares against. They keep only the hard filters, so they differ from `default` in how
-  they choose, not in whether they can serve.
+  benchmark compares against. They keep only the membership filters (the hard ones and slow-start),
+  so they differ from `default` in how they choose, not in whether they can serve.
+
+Every built-in starts with `in-service`: a replica that is not ready or is draining must get no new
+request whichever profile is active. `slow-start` only acts on replicas that are ramping up.
 """
 
 from __future__ import annotations
@@ -17,10 +20,12 @@ from typing import Any
 from policies.scheduling.profile import SchedulingProfile
 from policies.scheduling.registry import build_profile
 
-_HARD_FILTERS: tuple[dict[str, Any], ...] = (
+_BASE_FILTERS: tuple[dict[str, Any], ...] = (
+    {"type": "in-service"},
     {"type": "healthy"},
     {"type": "serves-model"},
     {"type": "serves-adapter"},
+    {"type": "slow-start"},  # soft, and a no-op unless a replica is ramping up (discovery.slow_start_s)
 )
 
 _SPECS: dict[str, dict[str, Any]] = {
@@ -43,7 +48,7 @@ _SPECS: dict[str, dict[str, Any]] = {
         # Prefix 3 against queue 2: a full prefix hit outweighs the whole queue range among the
         # replicas the guard lets through, while a half hit does not beat the least-loaded replica.
         "filters": [
-            *_HARD_FILTERS,
+            *_BASE_FILTERS,
             {"type": "fresh"},
             {"type": "load-guard", "params": {"abs_slack": 16.0, "rel_slack": 1.0}},
         ],
@@ -56,22 +61,22 @@ _SPECS: dict[str, dict[str, Any]] = {
         "picker": {"type": "max-score"},
     },
     "round-robin": {
-        "filters": [*_HARD_FILTERS],
+        "filters": [*_BASE_FILTERS],
         "scorers": [],
         "picker": {"type": "round-robin"},
     },
     "least-loaded": {
-        "filters": [*_HARD_FILTERS],
+        "filters": [*_BASE_FILTERS],
         "scorers": [{"type": "queue-depth", "weight": 1.0}],
         "picker": {"type": "max-score"},
     },
     "prefix-only": {
-        "filters": [*_HARD_FILTERS],
+        "filters": [*_BASE_FILTERS],
         "scorers": [{"type": "prefix-affinity", "weight": 1.0}],
         "picker": {"type": "max-score"},
     },
     "random": {
-        "filters": [*_HARD_FILTERS],
+        "filters": [*_BASE_FILTERS],
         "scorers": [],
         "picker": {"type": "random"},
     },

@@ -28,10 +28,12 @@ from typing import Any, Literal, cast
 from policies.scheduling.contracts import Filter, Picker, Scorer
 from policies.scheduling.filters.fresh import FreshFilter
 from policies.scheduling.filters.healthy import HealthyFilter
+from policies.scheduling.filters.in_service import InServiceFilter
 from policies.scheduling.filters.kv_full import KvFullFilter
 from policies.scheduling.filters.load_guard import LoadGuardFilter
 from policies.scheduling.filters.serves_adapter import ServesAdapterFilter
 from policies.scheduling.filters.serves_model import ServesModelFilter
+from policies.scheduling.filters.slow_start import SlowStartFilter
 from policies.scheduling.pickers.max_score import MaxScorePicker
 from policies.scheduling.pickers.random_order import RandomPicker
 from policies.scheduling.pickers.round_robin import RoundRobinPicker
@@ -62,6 +64,8 @@ _FILTERS: dict[str, type[Filter]] = {
     "serves-adapter": ServesAdapterFilter,
     "kv-full": KvFullFilter,
     "load-guard": LoadGuardFilter,
+    "in-service": InServiceFilter,
+    "slow-start": SlowStartFilter,
 }
 _SCORERS: dict[str, type[Scorer]] = {
     "prefix-affinity": PrefixAffinityScorer,

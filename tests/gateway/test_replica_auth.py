@@ -83,3 +83,23 @@ def test_a_key_is_never_written_inline_in_the_config() -> None:
 def test_one_source_only() -> None:
     with pytest.raises(ConfigError, match="not both"):
         parse_config({"models": [{"name": "m", "api_key_env": "A", "api_key_file": "/k"}]})
+
+
+def test_a_replica_that_joins_later_gets_its_own_credential_or_its_pool_s(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    cfg = config(models=[{"name": "m", "api_key_env": "POOL_KEY"}])
+    creds = ReplicaCredentials.from_config(cfg, {"POOL_KEY": "pool", "OWN_KEY": "own"})
+    joined = parse_config(
+        {"replicas": [{"url": "http://n:1", "model": "m", "name": "n", "api_key_env": "OWN_KEY"}]}
+    ).replicas[0]
+    creds.update_replica("n", joined)
+    assert creds.headers_for("n", "m") == ((b"authorization", b"Bearer own"),)
+    creds.forget("n")
+    assert creds.headers_for("n", "m") == ((b"authorization", b"Bearer pool"),)
+    broken = parse_config(
+        {"replicas": [{"url": "http://n:1", "model": "m", "name": "n", "api_key_env": "NOT_SET"}]}
+    ).replicas[0]
+    creds.update_replica("n", broken)  # never raises: logged, and the pool's is sent
+    assert creds.headers_for("n", "m") == ((b"authorization", b"Bearer pool"),)
+    assert "replica n.api_key_env: the environment variable NOT_SET is unset" in caplog.text

@@ -244,6 +244,8 @@ def test_default_weights_variant_sets_weights_guard_and_kv_full() -> None:
     assert variant.name == "p5-q1-k0.5-g16-1-f0.9"
     bare = DefaultWeights(3, 2, 1, None, None)
     assert {f["type"] for f in bare.spec()["filters"]} == {
+        "in-service",
+        "slow-start",
         "healthy",
         "serves-model",
         "serves-adapter",

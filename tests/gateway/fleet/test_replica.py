@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from gateway.config import FleetConfig, ReplicaConfig
+from gateway.fleet.membership import ReplicaSpec
 from gateway.fleet.metrics_parse import ReplicaMetrics
 from gateway.fleet.models_parse import ServedModels
 from gateway.fleet.replica import ReplicaRecord
@@ -17,7 +18,7 @@ Step = tuple[float, str, bool, float | None]
 
 
 def run(steps: list[Step]) -> None:
-    record = ReplicaRecord(CONFIG, FLEET, now=0.0)
+    record = ReplicaRecord(ReplicaSpec.from_config(CONFIG), FLEET, now=0.0)
     for t, event, healthy, until in steps:
         if event == "scrape_ok":
             record.record_success(t, from_health_check=False)
@@ -88,7 +89,7 @@ def test_health(steps: list[Step]) -> None:
 
 
 def test_in_flight_never_negative() -> None:
-    record = ReplicaRecord(CONFIG, FLEET, now=0.0)
+    record = ReplicaRecord(ReplicaSpec.from_config(CONFIG), FLEET, now=0.0)
     record.dispatched(100)
     record.dispatched(50)
     record.finished(100)
@@ -102,7 +103,9 @@ def test_in_flight_never_negative() -> None:
 
 def test_state_from_scrape_and_models() -> None:
     record = ReplicaRecord(
-        ReplicaConfig(url="http://h:1", model="m", name="r1", labels={"zone": "a"}), FLEET, now=0.0
+        ReplicaSpec.from_config(ReplicaConfig(url="http://h:1", model="m", name="r1", labels={"zone": "a"})),
+        FLEET,
+        now=0.0,
     )
     state = record.to_state()
     assert (state.name, state.url, state.pool, state.scraped_at) == ("r1", "http://h:1", "m", None)

@@ -48,7 +48,7 @@ class Recorder:
 
 
 def test_replicas_in_config_order(state: FleetState) -> None:
-    assert [r.display_name for r in state.replicas] == [A, B, C]
+    assert state.names() == (A, B, C)
     assert [r.name for r in state.snapshot().replicas] == [A, B, C]
     assert [r.pool for r in state.snapshot().replicas] == ["tiny-llama", "tiny-llama", "other"]
 
@@ -218,8 +218,19 @@ def test_models_and_pool_resolution(state: FleetState) -> None:
     assert state.pool_of("lora-b") is None
 
 
-def test_unknown_replica_is_a_key_error(state: FleetState) -> None:
+def test_unknown_replica_writers_do_nothing_readers_say_none_drain_is_a_key_error(
+    state: FleetState,
+) -> None:
+    """A scrape or a request that outlived its replica (it left the fleet meanwhile) changes nothing."""
+    version = state.version
+    state.dispatched("nope", 1)
+    state.finished("nope", 1)
+    state.report_failure("nope", "connect")
+    state.record_scrape("nope", METRICS)
+    state.record_health("nope", True)
+    state.record_models("nope", ServedModels(("tiny-llama",)))
+    assert state.version == version and state.names() == (A, B, C)
+    assert state.kv_capacity_tokens("nope") is None and state.scrape_age_s("nope") is None
+    assert not state.routable("nope")
     with pytest.raises(KeyError):
-        state.dispatched("nope", 1)
-    with pytest.raises(KeyError):
-        state.kv_capacity_tokens("nope")
+        state.drain("nope")

@@ -19,7 +19,9 @@ def test_the_names_the_benchmark_compares() -> None:
 @pytest.mark.parametrize("name", BUILTIN_PROFILE_NAMES)
 def test_every_builtin_builds(name: str) -> None:
     profile = build_builtin_profile(name)
-    assert [f.name for f in profile.filters][:3] == ["healthy", "serves-model", "serves-adapter"]
+    assert [f.name for f in profile.filters][:5] == [
+        "in-service", "healthy", "serves-model", "serves-adapter", "slow-start"
+    ]
 
 
 def test_specs_are_fresh_copies() -> None:
@@ -36,9 +38,11 @@ def test_unknown_builtin() -> None:
 def test_default_filter_and_scorer_types() -> None:
     spec = builtin_profile_spec("default")
     assert [f["type"] for f in spec["filters"]] == [
+        "in-service",
         "healthy",
         "serves-model",
         "serves-adapter",
+        "slow-start",
         "fresh",
         "load-guard",
     ]
