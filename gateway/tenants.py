@@ -88,7 +88,7 @@ class TenantRegistry:
         for tc in config.tenants:
             for h in tc.api_keys:
                 self._by_hash[h] = (h, self._by_name[tc.name])
-        self._admin = frozenset(config.auth.admin_keys)
+        self._admin = frozenset(k if isinstance(k, str) else k.hash for k in config.auth.admin_keys)
         self.open = not self.tenants
         anon = config.auth.anonymous_tenant
         # Who a request without a key runs as: nobody (401), the named tenant, or (open gateway) an
