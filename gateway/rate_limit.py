@@ -100,9 +100,9 @@ class RateLimiter:
         actual = tuple(float(requests) if b.kind == "requests" else float(tokens) for b in res.buckets)
         if actual == res.amounts:
             return
-        levels = await self.store.settle(res.buckets, res.amounts, actual, res.source)
-        if levels is not None:
-            self._remember(res.buckets, tuple(lv.level for lv in levels))
+        settled = await self.store.settle(res.buckets, res.amounts, actual, res.source)
+        if settled is not None:
+            self._remember(res.buckets, tuple(lv.level for lv in settled.levels))
 
     @staticmethod
     def refunded_headers(res: Reservation) -> Headers:

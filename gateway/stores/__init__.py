@@ -6,37 +6,57 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 
 from gateway.config import StateConfig
 from gateway.metrics import GatewayMetrics
-from gateway.stores.base import Bucket, BucketKind, BucketStore, Level, StoreUnavailable, Take
+from gateway.stores.base import (
+    Bucket,
+    BucketKind,
+    BucketStore,
+    Counter,
+    Level,
+    Settled,
+    StoreUnavailable,
+    Take,
+)
 from gateway.stores.memory import MemoryBucketStore
 
 __all__ = [
     "Bucket",
     "BucketKind",
     "BucketStore",
+    "Counter",
     "Level",
     "MemoryBucketStore",
+    "Settled",
     "StoreUnavailable",
     "Take",
     "build_store",
 ]
 
 
-def build_store(state: StateConfig, metrics: GatewayMetrics, clock: Callable[[], float]) -> BucketStore:
-    """The store `state.store` names. A Redis store comes wrapped in the fail-open/closed policy."""
+def build_store(
+    state: StateConfig,
+    metrics: GatewayMetrics,
+    clock: Callable[[], float],
+    wall_clock: Callable[[], float] = time.time,
+) -> BucketStore:
+    """The store `state.store` names. A Redis store comes wrapped in the fail-open/closed policy.
+    `clock` (monotonic) refills memory buckets; `wall_clock` ages quota counters."""
     if state.store == "memory://":
         metrics.store_up.set(1)
-        return MemoryBucketStore(clock)
+        return MemoryBucketStore(clock, wall_clock=wall_clock)
     from gateway.stores.redis_store import RedisBucketStore
     from gateway.stores.resilient import LOCAL, ResilientStore
 
-    remote = RedisBucketStore.from_url(state.store, key_prefix=state.key_prefix, timeout_s=state.timeout_s)
+    remote = RedisBucketStore.from_url(
+        state.store, key_prefix=state.key_prefix, timeout_s=state.timeout_s, wall_clock=wall_clock
+    )
     return ResilientStore(
         remote,
-        MemoryBucketStore(clock, source=LOCAL),
+        MemoryBucketStore(clock, source=LOCAL, wall_clock=wall_clock),
         fail_open=state.on_store_error == "open",
         share=1.0 / state.gateways,
         timeout_s=state.timeout_s,
