@@ -7,6 +7,7 @@ import asyncio
 
 import pytest
 
+from gateway import tenant_status
 from gateway.auth_keys import hash_key
 from gateway.config import parse_config
 from gateway.errors import GatewayError
@@ -16,7 +17,6 @@ from gateway.forwarder import Outcome
 from gateway.metrics import GatewayMetrics
 from gateway.sse_filter import Usage
 from gateway.tenancy import Charge, Tenancy, charge_for
-from gateway import tenant_status
 from policies.types import Band, RequestInfo
 from tests.gateway.stores.fakes import FakeClock
 
