@@ -45,6 +45,7 @@ log = logging.getLogger(__name__)
 _LIVE_INTERVALS = 3  # a gateway counts as alive while its heartbeat is this many resyncs old
 _FORGET_INTERVALS = 60  # and is dropped from the heartbeat table after this many
 _FAILURES = (RedisError, OSError, TimeoutError)
+_LISTEN_WAIT_S = 1.0  # the listener's longest read; how long stop() may wait for it
 
 
 class PolicySync:
@@ -75,6 +76,7 @@ class PolicySync:
         self._lock = asyncio.Lock()
         self._tasks: list[asyncio.Task[None]] = []
         self._failing = False
+        self._stopping = False
 
     async def start(self) -> None:
         if not await self.reload("start"):
@@ -88,11 +90,16 @@ class PolicySync:
             self._tasks.append(loop.create_task(self._listen_loop()))
 
     async def stop(self) -> None:
+        # A read inside redis-py's PubSub can absorb a cancellation (seen here: the task stayed
+        # "cancelling" in get_message); the listener also stops on this flag, which it checks each
+        # time its read returns (at least once a second), so stop() never waits longer than that.
+        self._stopping = True
         for t in self._tasks:
             t.cancel()
-        for t in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await t
+        if self._tasks:
+            _, late = await asyncio.wait(self._tasks, timeout=_LISTEN_WAIT_S * 2)
+            if late:
+                log.warning("admin API sync: %d task(s) did not stop in time", len(late))
         self._tasks = []
         await self.store.close()
 
@@ -144,17 +151,18 @@ class PolicySync:
     async def _listen_loop(self) -> None:
         assert self._channel is not None and self._channel_url is not None
         backoff = 0.1
-        while True:
+        while not self._stopping:
             client = aioredis.Redis.from_url(self._channel_url, socket_connect_timeout=2.0)
             try:
                 async with client.pubsub() as sub:
                     await sub.subscribe(self._channel)
                     await self.reload("message")  # whatever was published while not subscribed
                     backoff = 0.1
-                    while True:
-                        msg = await sub.get_message(ignore_subscribe_messages=True, timeout=1.0)
-                        if msg is not None:
+                    while not self._stopping:
+                        msg = await sub.get_message(ignore_subscribe_messages=True, timeout=_LISTEN_WAIT_S)
+                        if msg is not None and not self._stopping:
                             await self.reload("message")
+                    return
             except _FAILURES:
                 await asyncio.sleep(backoff)  # the resync loop still runs meanwhile
                 backoff = min(backoff * 2, self._interval)
