@@ -69,6 +69,13 @@ class Quota:
     source: str = "config"
     _window: Window | None = field(default=None, repr=False)
     _counter: Counter | None = field(default=None, repr=False)
+    header_bytes: tuple[tuple[bytes, bytes], ...] = field(default=(), repr=False)
+
+    def __post_init__(self) -> None:
+        self.header_bytes = (
+            (b"x-kvgate-quota-name", self.name.encode()),
+            (b"x-kvgate-quota-limit", str(self.limit).encode()),
+        )
 
     @classmethod
     def compile(cls, q: QuotaConfig, tenant: str, key: str | None, source: str = "config") -> Quota:
@@ -139,14 +146,19 @@ NO_PLAN = QuotaPlan((), (), ())
 
 
 def plan(quotas: Sequence[Quota], info: RequestInfo, now: float) -> QuotaPlan:
-    """The request's quotas at `now`, or raise 400 when its reservation exceeds a whole quota."""
+    """The request's quotas at `now`, or raise 400 when its reservation exceeds a whole quota.
+    One pass over the quotas: this runs on every request of a principal with quotas."""
     if not quotas:
         return NO_PLAN
-    picked = [q for q in quotas if q.applies_to(info.model)]
-    if not picked:
-        return NO_PLAN
-    amounts = tuple(q.amount(info) for q in picked)
-    for q, a in zip(picked, amounts, strict=True):
+    model = info.model
+    tokens = float(info.reserved_tokens)
+    picked: list[Quota] = []
+    counters: list[Counter] = []
+    amounts: list[float] = []
+    for q in quotas:
+        if q.models is not None and not q.models.allows(model):
+            continue
+        a = tokens if q.unit == "tokens" else 1.0
         if a > q.limit:
             raise GatewayError(
                 400,
@@ -156,25 +168,31 @@ def plan(quotas: Sequence[Quota], info: RequestInfo, now: float) -> QuotaPlan:
                 param="max_tokens",
                 code="request_too_large",
             )
-    return QuotaPlan(tuple(picked), tuple(q.counter(now) for q in picked), amounts)
+        picked.append(q)
+        counters.append(q.counter(now))
+        amounts.append(a)
+    if not picked:
+        return NO_PLAN
+    return QuotaPlan(tuple(picked), tuple(counters), tuple(amounts))
 
 
 def headers(p: QuotaPlan, used: Sequence[float], now: float, pick: int | None = None) -> Headers:
     """`x-kvgate-quota-*` for quota `pick`, or the tightest one (least remaining as a share)."""
-    if not p.quotas or len(used) != len(p.quotas):
+    quotas = p.quotas
+    if not quotas or len(used) != len(quotas):
         return []
-    i = (
-        pick
-        if pick is not None
-        else min(range(len(used)), key=lambda k: (p.quotas[k].limit - used[k]) / p.quotas[k].limit)
-    )
-    q = p.quotas[i]
-    reset = math.ceil(q.window(now).reset_s(now))
+    i = 0 if pick is None else pick
+    if pick is None:
+        least = 2.0
+        for k, q in enumerate(quotas):
+            share = (q.limit - used[k]) / q.limit
+            if share < least:
+                i, least = k, share
+    q = quotas[i]
     return [
-        (b"x-kvgate-quota-name", q.name.encode()),
-        (b"x-kvgate-quota-limit", str(q.limit).encode()),
+        *q.header_bytes,
         (b"x-kvgate-quota-remaining", str(math.floor(remaining(q.limit, used[i]))).encode()),
-        (b"x-kvgate-quota-reset", str(reset).encode()),
+        (b"x-kvgate-quota-reset", str(math.ceil(q.window(now).reset_s(now))).encode()),
     ]
 
 

@@ -94,9 +94,10 @@ class RateLimiter:
         """Take the request's reservation or raise GatewayError (429/400/503) as the module says."""
         buckets = tenant.buckets
         amounts = tuple(1.0 if b.kind == "requests" else float(info.reserved_tokens) for b in buckets)
-        now = self.wall_clock()
+        now = 0.0
         qp = NO_PLAN
         if tenant.quotas:
+            now = self.wall_clock()
             try:
                 qp = quotas.plan(tenant.quotas, info, now)
             except GatewayError:
@@ -117,7 +118,8 @@ class RateLimiter:
                 headers=((b"retry-after", str(retry).encode()),),
             ) from None
         self._remember(buckets, take.levels)
-        headers = _headers(buckets, take)
+        merge = tenant.key is not None and bool(tenant.key.buckets)
+        headers = _headers(buckets, take, merge)
         if qp.quotas:
             headers += quotas.headers(qp, take.used, now)
             if take.crossed:
@@ -126,7 +128,7 @@ class RateLimiter:
             if take.counter_limiting and not take.too_large:
                 self._m.rejections.labels(tenant.name, "quota").inc()
                 wait_s = take.retry_after_s if take.limiting else 0.0
-                bucket_headers = _headers(buckets, take)
+                bucket_headers = _headers(buckets, take, merge)
                 raise quotas.refusal(qp, take.used, take.counter_limiting, now, wait_s, bucket_headers)
             raise self._refusal(tenant, info, buckets, amounts, take, headers)
         return Reservation(buckets, amounts, take.source, take, qp, now), headers
@@ -135,8 +137,21 @@ class RateLimiter:
         """Reconcile: the request used `requests` (0 or 1) and `tokens`. Nothing to do, no call."""
         actual = tuple(float(requests) if b.kind == "requests" else float(tokens) for b in res.buckets)
         qp = res.quota
-        q_actual = tuple(q.charged(requests, tokens) for q in qp.quotas)
-        if actual == res.amounts and q_actual == qp.amounts:
+        if qp.quotas:
+            # Only the counters whose use differs from their reservation: settling the others
+            # changes nothing (and cannot cross a warning), so they cost no store work.
+            used = [q.charged(requests, tokens) for q in qp.quotas]
+            keep = [i for i, (u, r) in enumerate(zip(used, qp.amounts, strict=True)) if u != r]
+            q_actual = tuple(used[i] for i in keep)
+            if len(keep) < len(used):
+                qp = QuotaPlan(
+                    tuple(qp.quotas[i] for i in keep),
+                    tuple(qp.counters[i] for i in keep),
+                    tuple(qp.amounts[i] for i in keep),
+                )
+        else:
+            q_actual = ()
+        if actual == res.amounts and not q_actual:
             return
         settled = await self.store.settle(
             res.buckets, res.amounts, actual, res.source, qp.counters, qp.amounts, q_actual
@@ -283,11 +298,12 @@ def _limit_text(tenant: Tenant, b: Bucket, capacity: float) -> str:
     return text
 
 
-def _headers(buckets: tuple[Bucket, ...], take: Take) -> Headers:
+def _headers(buckets: tuple[Bucket, ...], take: Take, merge: bool) -> Headers:
+    """The buckets' `x-ratelimit-*`; `merge` when a key's buckets join its tenant's (one set per kind)."""
     out: Headers = []
     for b, cap, level, reset in zip(buckets, take.capacities, take.levels, take.reset_s, strict=True):
         out += limit_headers(b.kind, cap, level, reset)
-    return _tightest(out) if any(b.key is not None for b in buckets) else out
+    return _tightest(out) if merge else out
 
 
 def _tightest(headers: Headers) -> Headers:

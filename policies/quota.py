@@ -80,9 +80,13 @@ def warn(state: CounterState, warn_level: float | None) -> tuple[CounterState, b
 
 
 def debit(state: CounterState, amount: float, warn_level: float | None) -> tuple[CounterState, bool]:
-    """Add an admitted request's `amount` (>= 0); returns the new state and whether it crossed."""
+    """Add an admitted request's `amount` (>= 0); returns the new state and whether it crossed.
+    (`warn` written out: this runs for every counter of every admitted request.)"""
     _check(amount)
-    return warn(CounterState(state.used + amount, state.warned), warn_level)
+    used = state.used + amount
+    if warn_level is None or state.warned or used < warn_level:
+        return CounterState(used, state.warned), False
+    return CounterState(used, True), True
 
 
 def settle(

@@ -45,9 +45,12 @@ class Bucket:
     spec: BucketSpec
     key: str | None = None
     name: str = field(init=False, repr=False, compare=False)
+    id: tuple[str, str] = field(init=False, repr=False, compare=False)  # (tenant, name), built once
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "name", self.kind if self.key is None else f"k:{self.key}:{self.kind}")
+        name = self.kind if self.key is None else f"k:{self.key}:{self.kind}"
+        object.__setattr__(self, "name", name)
+        object.__setattr__(self, "id", (self.tenant, name))
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,6 +69,10 @@ class Counter:
     limit: float
     expires_at: float
     warn_level: float | None = None
+    id: tuple[str, str] = field(init=False, repr=False, compare=False)  # (tenant, name), built once
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "id", (self.tenant, self.name))
 
 
 class Take(NamedTuple):  # a NamedTuple, not a dataclass: built on every request, 3x cheaper

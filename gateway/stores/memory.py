@@ -58,20 +58,24 @@ class MemoryBucketStore:
         """`take` without the coroutine, for callers that are not async."""
         now = self._clock()
         states = self._states
-        keys = [(b.tenant, b.name) for b in buckets]
+        keys = [b.id for b in buckets]
         requests = []
         for b, k, a in zip(buckets, keys, amounts, strict=True):
             s = states.get(k)
             requests.append((b.spec, s if s is not None else BucketState.full(b.spec, now), a))
         cstates: list[CounterState] = []
-        refusing: tuple[int, ...] = ()
+        refusing: list[int] = []
         if counters:
             wall = self._wall()
-            self._sweep(wall)
-            cstates = [self._counter(c, wall) or EMPTY for c in counters]
-            refusing = quota.refusing(
-                [(c.limit, s, a) for c, s, a in zip(counters, cstates, counter_amounts, strict=True)]
-            )
+            if wall >= self._next_sweep:
+                self._sweep(wall)
+            held = self._counters
+            for i, (c, a) in enumerate(zip(counters, counter_amounts, strict=True)):
+                entry = held.get(c.id)
+                cs = entry[0] if entry is not None and entry[1] > wall else EMPTY
+                cstates.append(cs)
+                if quota.exceeds(c.limit, cs.used, a):
+                    refusing.append(i)
         result = take_all(requests, now, others_pass=not refusing)
         levels = []
         for k, s in zip(keys, result.states, strict=True):
@@ -81,7 +85,7 @@ class MemoryBucketStore:
         if result.allowed:
             for i, (c, a) in enumerate(zip(counters, counter_amounts, strict=True)):
                 cstates[i], hit = quota.debit(cstates[i], a, c.warn_level)
-                self._counters[(c.tenant, c.name)] = (cstates[i], c.expires_at)
+                self._counters[c.id] = (cstates[i], c.expires_at)
                 if hit:
                     crossed.append(i)
         return Take(
@@ -94,7 +98,7 @@ class MemoryBucketStore:
             tuple(b.spec.capacity for b in buckets),
             self.source,
             tuple(s.used for s in cstates),
-            refusing,
+            tuple(refusing),
             tuple(crossed),
         )
 
@@ -119,7 +123,7 @@ class MemoryBucketStore:
         now = self._clock()
         out = []
         for b, r, a in zip(buckets, reserved, actual, strict=True):
-            k = (b.tenant, b.name)
+            k = b.id
             s = settle(b.spec, self._states.get(k) or BucketState.full(b.spec, now), r, a, now)
             self._states[k] = s
             out.append(_level(b, s))
@@ -130,7 +134,7 @@ class MemoryBucketStore:
             for i, (c, r, a) in enumerate(zip(counters, counter_reserved, counter_actual, strict=True)):
                 state, hit = quota.settle(self._counter(c, wall), r, a, c.warn_level)
                 if state is not None:
-                    self._counters[(c.tenant, c.name)] = (state, c.expires_at)
+                    self._counters[c.id] = (state, c.expires_at)
                 used.append(state.used if state is not None else 0.0)
                 if hit:
                     crossed.append(i)
@@ -152,7 +156,7 @@ class MemoryBucketStore:
         now = self._clock()
         states = self._states
         return tuple(
-            _level(b, refill(b.spec, states.get((b.tenant, b.name)) or BucketState.full(b.spec, now), now))
+            _level(b, refill(b.spec, states.get(b.id) or BucketState.full(b.spec, now), now))
             for b in buckets
         )
 
@@ -168,14 +172,12 @@ class MemoryBucketStore:
 
     def _counter(self, c: Counter, wall: float) -> CounterState | None:
         """The counter's state, or None when missing or its lifetime is over (as Redis's expiry)."""
-        entry = self._counters.get((c.tenant, c.name))
+        entry = self._counters.get(c.id)
         if entry is None or entry[1] <= wall:
             return None
         return entry[0]
 
     def _sweep(self, wall: float) -> None:
-        if wall < self._next_sweep:
-            return
         self._next_sweep = wall + _SWEEP_EVERY_S
         for k in [k for k, (_, expires_at) in self._counters.items() if expires_at <= wall]:
             del self._counters[k]

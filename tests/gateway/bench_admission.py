@@ -2,10 +2,14 @@
 
     python -m tests.gateway.bench_admission [--requests 20000]
 
-Three setups over the same 4-replica fleet picture (scraped, with room, flow control on):
-no tenants (the open gateway), a limited tenant on the memory store, and the same tenant on a
-private redis-server started here (needs `redis-server` on PATH). Prints wall and CPU microseconds
-per request; with Redis the wall time is two loopback round trips (reserve, settle).
+Setups over the same 4-replica fleet picture (scraped, with room, flow control on): no tenants (the
+open gateway); a limited tenant (rpm + tpm) on the memory store, with the usage ledger off (the
+setup measured before quotas existed) and on (the default now); the same tenant with three quotas
+(tokens per calendar month, requests per day in Europe/Berlin, tokens per day for a model pattern);
+a named key with its own rpm and day quota on top of those (four buckets, four quotas); and the
+limited tenant and the quota tenant on a private redis-server started here (needs `redis-server` on
+PATH). Prints wall and CPU microseconds per request; with Redis the wall time is two loopback round
+trips (reserve, settle), quotas riding in the same two calls.
 Not a test: numbers, for the report.
 """
 
@@ -30,7 +34,21 @@ from tests.gateway.redis_server import RedisServer
 
 INFO = RequestInfo(model="m", base_model="m", adapter=None, prompt_tokens=500, max_tokens=200)
 REPLICAS = [{"url": f"http://r{i}:1", "model": "m", "name": f"r{i}"} for i in range(4)]
-TENANT = {"name": "acme", "api_keys": [hash_key("k")], "limits": {"rpm": 10**9, "tpm": 10**12}}
+LIMITS = {"rpm": 10**9, "tpm": 10**12}
+TENANT = {"name": "acme", "api_keys": [hash_key("k")], "limits": LIMITS}
+QUOTAS = [
+    {"tokens": 10**15, "per": "month", "warn_at": 0.8},
+    {"requests": 10**12, "per": "day", "timezone": "Europe/Berlin"},
+    {"tokens": 10**15, "per": "day", "models": ["m*"]},
+]
+QUOTA_TENANT = {**TENANT, "quotas": QUOTAS}
+KEY_TENANT = {
+    **QUOTA_TENANT,
+    "api_keys": [],
+    "keys": [{"name": "ci-bot", "hash": hash_key("k"), "limits": {"rpm": 10**9},
+              "quotas": [{"tokens": 10**15, "per": "day"}]}],
+}  # fmt: skip
+NO_LEDGER = {"ledger": {"enabled": False}}
 
 
 async def run(cfg: dict[str, Any], n: int, key: bytes | None) -> tuple[float, float]:
@@ -59,15 +77,19 @@ async def main(n: int) -> None:
     print(f"{n} requests each; load average {os.getloadavg()[0]:.2f}")
     rows: list[tuple[str, dict[str, Any], bytes | None]] = [
         ("no tenants (open gateway)", {}, None),
+        ("tenant, memory, ledger off", {"tenants": [TENANT], **NO_LEDGER}, b"Bearer k"),
         ("tenant, memory store", {"tenants": [TENANT]}, b"Bearer k"),
+        ("tenant + 3 quotas, memory", {"tenants": [QUOTA_TENANT]}, b"Bearer k"),
+        ("key + tenant, 4 quotas, memory", {"tenants": [KEY_TENANT]}, b"Bearer k"),
     ]
     for name, cfg, key in rows:
         wall, cpu = await run(cfg, n, key)
         print(f"  {name:32s} wall {wall:8.1f} us   cpu {cpu:8.1f} us")
     with RedisServer() as redis:
-        shared = {"tenants": [TENANT], "state": {"store": redis.url, "timeout_s": 1.0}}
-        wall, cpu = await run(shared, n // 4, b"Bearer k")
-        print(f"  {'tenant, redis store':32s} wall {wall:8.1f} us   cpu {cpu:8.1f} us  (this process only)")
+        state = {"state": {"store": redis.url, "timeout_s": 1.0}}
+        for name, tenant in (("tenant, redis store", TENANT), ("tenant + 3 quotas, redis", QUOTA_TENANT)):
+            wall, cpu = await run({"tenants": [tenant], **state}, n // 4, b"Bearer k")
+            print(f"  {name:32s} wall {wall:8.1f} us   cpu {cpu:8.1f} us  (this process only)")
 
 
 if __name__ == "__main__":
