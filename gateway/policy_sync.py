@@ -38,7 +38,7 @@ from redis.exceptions import RedisError
 from gateway.config import StateConfig
 from gateway.metrics import GatewayMetrics
 from gateway.policy_overrides import Overrides
-from gateway.policy_store import PolicyStore
+from gateway.policy_store import MemoryPolicyStore, PolicyStore, RedisPolicyStore
 
 log = logging.getLogger(__name__)
 
@@ -194,3 +194,26 @@ class PolicySync:
                     "pending": pending,
                 }
             await asyncio.sleep(0.02)
+
+
+def build_policy_sync(
+    state: StateConfig,
+    apply: Callable[[Overrides], None],
+    metrics: GatewayMetrics,
+    gateway_id: str,
+    wall_clock: Callable[[], float] = time.time,
+) -> PolicySync:
+    """The sync for `state.store`: in process for memory, the store's hashes and channel for Redis."""
+    if state.store == "memory://":
+        return PolicySync(MemoryPolicyStore(), apply, state, metrics, gateway_id, wall_clock=wall_clock)
+    store = RedisPolicyStore.from_url(state.store, key_prefix=state.key_prefix)
+    return PolicySync(
+        store,
+        apply,
+        state,
+        metrics,
+        gateway_id,
+        channel=store.channel,
+        channel_url=state.store,
+        wall_clock=wall_clock,
+    )

@@ -45,12 +45,10 @@ from gateway.forwarder import Outcome
 from gateway.ledger import UsageLedger
 from gateway.metrics import GatewayMetrics
 from gateway.policy_overrides import Overrides
-from gateway.policy_store import MemoryPolicyStore, PolicyStore
-from gateway.policy_sync import PolicySync
+from gateway.policy_sync import PolicySync, build_policy_sync
 from gateway.rate_limit import RateLimiter, Reservation
 from gateway.sse_filter import Usage
-from gateway.stores import build_store
-from gateway.stores.ledger_store import LedgerStore, MemoryLedgerStore
+from gateway.stores import build_ledger_store, build_store
 from gateway.tenants import ANONYMOUS, Tenant, TenantRegistry
 from policies.charging import Charge, charge
 from policies.tenancy import choose_band
@@ -120,14 +118,14 @@ class Tenancy:
         self.ledger: UsageLedger | None = None
         self.sync: PolicySync | None = None
         if not self.registry.open:
-            self.limiter = RateLimiter(
-                build_store(config.state, metrics, clock, wall_clock), metrics, clock, wall_clock
-            )
+            store = build_store(config.state, metrics, clock, wall_clock)
+            self.limiter = RateLimiter(store, metrics, clock, wall_clock)
             if config.ledger.enabled:
-                self.ledger = UsageLedger(
-                    _ledger_store(config, wall_clock), config.ledger, metrics, self.gateway_id, wall_clock
-                )
-            self.sync = _policy_sync(config, self.apply_overrides, metrics, self.gateway_id, wall_clock)
+                ledger_store = build_ledger_store(config.state, config.ledger, wall_clock)
+                self.ledger = UsageLedger(ledger_store, config.ledger, metrics, self.gateway_id, wall_clock)
+            self.sync = build_policy_sync(
+                config.state, self.apply_overrides, metrics, self.gateway_id, wall_clock
+            )
         fc = config.flow_control
         self.admission: AdmissionQueue | None = None
         if fc.enabled:
@@ -343,42 +341,3 @@ class Tenancy:
             yield from self.admission.collect()
         if self.limiter is not None:
             yield from self.limiter.collect(self.registry.tenants)
-
-
-def _ledger_store(config: Config, wall_clock: Callable[[], float]) -> LedgerStore:
-    if config.state.store == "memory://":
-        return MemoryLedgerStore(config.ledger.retention_days, wall_clock)
-    from gateway.stores.ledger_store import RedisLedgerStore
-
-    return RedisLedgerStore.from_url(
-        config.state.store,
-        key_prefix=config.state.key_prefix,
-        retention_days=config.ledger.retention_days,
-        timeout_s=max(2.0, config.state.timeout_s),
-    )
-
-
-def _policy_sync(
-    config: Config,
-    apply: Callable[[Overrides], None],
-    metrics: GatewayMetrics,
-    gateway_id: str,
-    wall_clock: Callable[[], float],
-) -> PolicySync:
-    state = config.state
-    if state.store == "memory://":
-        store: PolicyStore = MemoryPolicyStore()
-        return PolicySync(store, apply, state, metrics, gateway_id, wall_clock=wall_clock)
-    from gateway.policy_store import RedisPolicyStore
-
-    redis_store = RedisPolicyStore.from_url(state.store, key_prefix=state.key_prefix)
-    return PolicySync(
-        redis_store,
-        apply,
-        state,
-        metrics,
-        gateway_id,
-        channel=redis_store.channel,
-        channel_url=state.store,
-        wall_clock=wall_clock,
-    )

@@ -10,6 +10,7 @@ import time
 from collections.abc import Callable
 
 from gateway.config import StateConfig
+from gateway.config_tenancy import LedgerConfig
 from gateway.metrics import GatewayMetrics
 from gateway.stores.base import (
     Bucket,
@@ -21,6 +22,7 @@ from gateway.stores.base import (
     StoreUnavailable,
     Take,
 )
+from gateway.stores.ledger_store import LedgerStore, MemoryLedgerStore
 from gateway.stores.memory import MemoryBucketStore
 
 __all__ = [
@@ -33,6 +35,7 @@ __all__ = [
     "Settled",
     "StoreUnavailable",
     "Take",
+    "build_ledger_store",
     "build_store",
 ]
 
@@ -63,4 +66,21 @@ def build_store(
         probe_min_s=state.probe_min_s,
         probe_max_s=state.probe_max_s,
         metrics=metrics,
+    )
+
+
+def build_ledger_store(
+    state: StateConfig, ledger: LedgerConfig, wall_clock: Callable[[], float] = time.time
+) -> LedgerStore:
+    """Where the usage ledger is kept: with the limits (memory, or the same Redis). Ledger calls are
+    off the request path, so they get a longer timeout than the limits' (at least 2 s)."""
+    if state.store == "memory://":
+        return MemoryLedgerStore(ledger.retention_days, wall_clock)
+    from gateway.stores.ledger_store import RedisLedgerStore
+
+    return RedisLedgerStore.from_url(
+        state.store,
+        key_prefix=state.key_prefix,
+        retention_days=ledger.retention_days,
+        timeout_s=max(2.0, state.timeout_s),
     )

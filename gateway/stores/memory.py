@@ -156,8 +156,7 @@ class MemoryBucketStore:
         now = self._clock()
         states = self._states
         return tuple(
-            _level(b, refill(b.spec, states.get(b.id) or BucketState.full(b.spec, now), now))
-            for b in buckets
+            _level(b, refill(b.spec, states.get(b.id) or BucketState.full(b.spec, now), now)) for b in buckets
         )
 
     async def peek(self, buckets: Sequence[Bucket]) -> tuple[tuple[Level, ...], str]:
