@@ -21,6 +21,7 @@ Calls are bounded by `timeout_s` (the admin path's, not the request path's) and 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from typing import Any, Protocol
 
@@ -28,6 +29,7 @@ import redis.asyncio as aioredis
 from pydantic import ValidationError
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
+from redis.exceptions import RedisError
 
 from gateway.policy_overrides import KeyRecord, Overrides, TenantPatch, loads_key, loads_patch
 
@@ -153,10 +155,21 @@ class RedisPolicyStore:
             return int(await self._r.get(self.gen_key) or 0)
 
     async def create_key(self, record: KeyRecord) -> int:
+        name = f"{record.tenant}/{record.name}"
         async with asyncio.timeout(self._timeout_s):
-            if not await self._r.hsetnx(self.names_key, f"{record.tenant}/{record.name}", record.hash):
-                raise NameTaken(f"{record.tenant}/{record.name}")
-            return await self._change(lambda tx: tx.hset(self.keys_key, record.hash, record.dumps()))
+            if not await self._r.hsetnx(self.names_key, name, record.hash):
+                raise NameTaken(name)
+        try:
+            async with asyncio.timeout(self._timeout_s):
+                return await self._change(lambda tx: tx.hset(self.keys_key, record.hash, record.dumps()))
+        except BaseException:
+            # The key was not stored (or we cannot tell): give the name back, so a retry can claim it.
+            # If the record did land, the retry's new key simply replaces this one's name.
+            with contextlib.suppress(RedisError, OSError, TimeoutError):
+                async with asyncio.timeout(self._timeout_s):
+                    if (await self._r.hget(self.names_key, name)) == record.hash.encode():
+                        await self._r.hdel(self.names_key, name)
+            raise
 
     async def revoke_key(self, record: KeyRecord) -> int:
         name = f"{record.tenant}/{record.name}"

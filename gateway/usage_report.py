@@ -21,12 +21,14 @@ from __future__ import annotations
 
 import csv
 import io
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import date, datetime
 from typing import Any
 from zoneinfo import ZoneInfo
 
+from gateway.config_tenancy import NAME_PATTERN
 from policies.quota_window import Period, iso_local, local_midnight, window_at, zone
 
 GROUPS = ("hour", "day", "week", "month", "total")
@@ -40,6 +42,7 @@ COLUMNS = (
     "estimated_requests",
 )
 MAX_DAYS = 400
+_NAME = re.compile(NAME_PATTERN.strip("^$"))
 
 
 class BadQuery(ValueError):
@@ -72,8 +75,8 @@ def parse_query(
     except ValueError as err:
         raise BadQuery("tz", str(err)) from None
     tenant = params.get("tenant")
-    if tenant is not None and not tenant:
-        raise BadQuery("tenant", "tenant must not be empty")
+    if tenant is not None and not _NAME.fullmatch(tenant):
+        raise BadQuery("tenant", "tenant must be a tenant name (letters, digits, '.', '_', '-')")
     group_by = params.get("group_by", "day")
     if group_by not in GROUPS:
         raise BadQuery("group_by", f"group_by must be one of {', '.join(GROUPS)}")

@@ -127,3 +127,21 @@ async def test_sync_applies_a_change_published_by_another_gateway_at_once(
     finally:
         for s in syncs:
             await s.stop()
+
+
+async def test_a_key_write_that_fails_gives_its_name_back(redis_server: RedisServer) -> None:  # noqa: F811
+    store = RedisPolicyStore.from_url(redis_server.url, key_prefix="kvgate:")
+    real = store._change
+
+    async def fails(write: Any) -> int:
+        raise ConnectionError("reset by peer")
+
+    try:
+        store._change = fails  # type: ignore[method-assign]
+        with pytest.raises(ConnectionError):
+            await store.create_key(api_key("acme", "svc", "k1"))
+        store._change = real  # type: ignore[method-assign]
+        assert await store.create_key(api_key("acme", "svc", "k2")) == 1  # the name was not left claimed
+        assert set((await store.load()).keys) == {hash_key("k2")}
+    finally:
+        await store.close()

@@ -30,7 +30,8 @@ def ts(text: str) -> float:
         ({"from": "2026-13-01"}, "from", "a date"),
         ({"from": "2026-12-10", "to": "2026-12-09"}, "to", "after"),
         ({"from": "2025-01-01", "to": "2026-12-01"}, "to", "at most 400 days"),
-        ({"tenant": ""}, "tenant", "empty"),
+        ({"tenant": ""}, "tenant", "a tenant name"),
+        ({"tenant": "a}b{"}, "tenant", "a tenant name"),
         ({"tenants": "acme"}, "tenants", "unknown query parameter"),
     ],
 )
