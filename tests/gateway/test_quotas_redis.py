@@ -211,3 +211,25 @@ async def test_a_window_resets_at_midnight_in_its_zone_on_the_redis_store(
             assert 24 * 3600_000 < ttl <= 25 * 3600_000
         finally:
             await raw.aclose()
+
+
+async def test_api_changes_survive_a_restart_through_redis(redis_server: RedisServer) -> None:  # noqa: F811
+    cfg = {
+        "tenants": [tenant("acme", limits={"rpm": 600})],
+        "state": {"store": redis_server.url, "timeout_s": 1.0},
+    }
+    async with tenancy_stack(cfg) as s:
+        made = (await s.client.post("/admin/tenants/acme/keys", json={"name": "svc"}, headers=ADMIN)).json()
+        r = await s.client.patch("/admin/tenants/acme", json={"limits": {"rpm": 7}}, headers=ADMIN)
+        assert r.status_code == 200
+        assert (
+            await s.client.delete("/admin/tenants/acme/keys/" + r.json()["keys"][0]["name"], headers=ADMIN)
+        ).status_code == 200  # the config's unnamed key
+    async with tenancy_stack(cfg) as s:  # a new gateway process's worth of state, the same Redis
+        key = {"authorization": f"Bearer {made['key']}"}
+        r = await s.client.post("/v1/chat/completions", json=chat("hi"), headers=key)
+        assert r.status_code == 200 and r.headers["x-ratelimit-limit-requests"] == "7"
+        r = await s.client.post("/v1/chat/completions", json=chat("hi"), headers=auth("acme"))
+        assert r.status_code == 401  # revoked through the API, though the config lists it
+        status = (await s.client.get("/admin/tenants/acme", headers=ADMIN)).json()
+        assert status["overrides"]["limits"] == {"rpm": 7} and [k["name"] for k in status["keys"]] == ["svc"]
