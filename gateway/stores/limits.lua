@@ -8,10 +8,12 @@
 --                   gateway refills one bucket alike)
 -- ARGV[3]           n, the number of buckets
 -- ARGV[4 + 4(i-1)..] capacity, refill_per_s, a, b of bucket i
--- then, per counter: limit, a, b, ttl_ms, warn_level (-1: none)
+-- then, one argument per counter: "limit a b ttl_ms warn_level" (warn_level -1: none), one string
+--                   rather than five, which halves what the client encodes per counter
 --                   take: a = amount; settle: a = reserved, b = actual; peek: unused
--- Reply  {allowed, too_large, retry_after, (level, reset, wait) per bucket,
---         (used, refused, crossed) per counter} as strings
+-- Reply  {allowed, too_large, retry_after, (level, reset, wait) per bucket, then, when there are
+--         counters, two more: every counter's `used` separated by spaces, and one flag character
+--         per counter: 'r' refused, 'w' crossed its warn level, '-' neither} as strings
 
 local op = ARGV[1]
 local now
@@ -35,12 +37,12 @@ for i = 1, n do
 end
 local qlimit, qa, qb, qttl, qwarn, used, warned, exists = {}, {}, {}, {}, {}, {}, {}, {}
 for k = 1, m do
-  local j = 4 + 4 * n + 5 * (k - 1)
-  qlimit[k] = tonumber(ARGV[j])
-  qa[k] = tonumber(ARGV[j + 1])
-  qb[k] = tonumber(ARGV[j + 2])
-  qttl[k] = tonumber(ARGV[j + 3])
-  qwarn[k] = tonumber(ARGV[j + 4])
+  local l, x, y, t, w = string.match(ARGV[4 + 4 * n + (k - 1)], '^(%S+) (%S+) (%S+) (%S+) (%S+)$')
+  qlimit[k] = tonumber(l)
+  qa[k] = tonumber(x)
+  qb[k] = tonumber(y)
+  qttl[k] = tonumber(t)
+  qwarn[k] = tonumber(w)
   used[k], warned[k], exists[k] = quota_load(KEYS[n + k], qttl[k])
 end
 
@@ -117,9 +119,19 @@ for i = 1, n do
   reply[#reply + 1] = fmt(reset)
   reply[#reply + 1] = fmt(wait[i])
 end
-for k = 1, m do
-  reply[#reply + 1] = fmt(used[k])
-  reply[#reply + 1] = tostring(refused[k])
-  reply[#reply + 1] = tostring(crossed[k])
+if m > 0 then
+  local u, f = {}, {}
+  for k = 1, m do
+    u[k] = fmt(used[k])
+    if refused[k] == 1 then
+      f[k] = 'r'
+    elseif crossed[k] == 1 then
+      f[k] = 'w'
+    else
+      f[k] = '-'
+    end
+  end
+  reply[#reply + 1] = table.concat(u, ' ')
+  reply[#reply + 1] = table.concat(f)
 end
 return reply

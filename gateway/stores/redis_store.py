@@ -166,13 +166,11 @@ class RedisBucketStore:
         if counters:
             wall = self._wall()
             for i, c in enumerate(counters):
-                args += (
-                    repr(float(c.limit)),
-                    repr(float(ca[i])) if ca is not None else "0",
-                    repr(float(cb[i])) if cb is not None else "0",
-                    max(0, math.ceil((c.expires_at - wall) * 1000)),
-                    repr(float(c.warn_level)) if c.warn_level is not None else "-1",
-                )
+                warn = repr(float(c.warn_level)) if c.warn_level is not None else "-1"
+                ttl_ms = max(0, math.ceil((c.expires_at - wall) * 1000))
+                x = repr(float(ca[i])) if ca is not None else "0"
+                y = repr(float(cb[i])) if cb is not None else "0"
+                args.append(f"{float(c.limit)!r} {x} {y} {ttl_ms} {warn}")
         keys = [self.key(bk) for bk in buckets] + [self.key(c) for c in counters]
         async with asyncio.timeout(self._timeout_s):
             if self._sha is None:
@@ -208,11 +206,14 @@ def _counters(
     n: int, m: int, reply: list[bytes]
 ) -> tuple[tuple[float, ...], tuple[int, ...], tuple[int, ...]]:
     """The counters' part of a reply after `n` buckets: used, refusing indexes, crossed indexes."""
+    if not m:
+        return (), (), ()
     at = 3 + 3 * n
+    flags = reply[at + 1]
     return (
-        tuple(float(reply[at + 3 * k]) for k in range(m)),
-        tuple(k for k in range(m) if reply[at + 3 * k + 1] == b"1"),
-        tuple(k for k in range(m) if reply[at + 3 * k + 2] == b"1"),
+        tuple(map(float, reply[at].split())),
+        tuple(k for k in range(m) if flags[k] == 0x72),  # b"r"
+        tuple(k for k in range(m) if flags[k] == 0x77),  # b"w"
     )
 
 
