@@ -234,9 +234,12 @@ class Tenancy:
         )
 
     def _hold(self, tenant: Tenant, n: int) -> None:
+        """Count `n` (+1 or -1) of the tenant's requests in flight, and of its key's when the key
+        has a concurrency limit (the common case pays one dict update)."""
         self.in_flight[tenant.name] = self.in_flight.get(tenant.name, 0) + n
-        if tenant.key is not None and tenant.key.max_concurrency is not None:
-            k = (tenant.name, tenant.key.name)
+        key = tenant.key
+        if key is not None and key.max_concurrency is not None:
+            k = (tenant.name, key.name)
             self.key_in_flight[k] = self.key_in_flight.get(k, 0) + n
 
     async def admit(self, tenant: Tenant, info: RequestInfo, priority: bytes | None) -> Admitted:
@@ -248,7 +251,8 @@ class Tenancy:
         except ValueError as err:
             self._m.rejections.labels(name, "bad_priority").inc()
             raise GatewayError(400, f"x-kvgate-priority: {err}", param="x-kvgate-priority") from None
-        self._concurrency(tenant)
+        if tenant.max_concurrency is not None or tenant.key is not None:
+            self._concurrency(tenant)
         self._hold(tenant, 1)  # held from here: concurrent admits cannot all pass
         reservation: Reservation | None = None
         headers: list[tuple[bytes, bytes]] = []

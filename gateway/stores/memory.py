@@ -97,7 +97,7 @@ class MemoryBucketStore:
             result.reset_s,
             tuple(b.spec.capacity for b in buckets),
             self.source,
-            tuple(s.used for s in cstates),
+            tuple([s.used for s in cstates]) if cstates else (),
             tuple(refusing),
             tuple(crossed),
         )
