@@ -102,14 +102,8 @@ _SGLANG_CAPACITY = "sglang:max_total_num_tokens"  # KV capacity in tokens (page 
 def _family_stems() -> frozenset[str]:
     stems: set[str] = {_CACHE_CONFIG, _LORA_INFO, _SGLANG_CAPACITY}
     for names in (_VLLM, _SGLANG):
-        stems.update(
-            names.running
-            + names.waiting
-            + names.kv_usage
-            + names.prefix_queries
-            + names.prefix_hits
-            + names.preemptions
-        )
+        stems.update(names.running + names.waiting + names.kv_usage + names.prefix_queries
+                     + names.prefix_hits + names.preemptions)
     return frozenset(stems)
 
 
@@ -131,9 +125,8 @@ def _keep_pattern() -> re.Pattern[str]:
     """
     branches = []
     for prefix in ("vllm:", "sglang:"):
-        rests = sorted(
-            (s.removeprefix(prefix) for s in _STEMS if s.startswith(prefix)), key=len, reverse=True
-        )
+        rests = sorted((s.removeprefix(prefix) for s in _STEMS if s.startswith(prefix)), key=len,
+                       reverse=True)
         branches.append(re.escape(prefix) + "(?:" + "|".join(re.escape(r) for r in rests) + ")")
     return re.compile(r"\n((?:" + "|".join(branches) + r")(?:_total)?[{ \t][^\n]*)")
 
@@ -210,9 +203,8 @@ def _to_metrics(series: Mapping[str, _Series]) -> ReplicaMetrics:
     elif any(n in series for n in _SGLANG.running):
         names, dialect = _SGLANG, "sglang"
     else:
-        raise MetricsParseError(
-            "no running-requests gauge (vllm:num_requests_running or sglang:num_running_reqs)"
-        )
+        raise MetricsParseError("no running-requests gauge (vllm:num_requests_running or "
+                                "sglang:num_running_reqs)")
     running = _required(series, names.running, "running")
     waiting = _required(series, names.waiting, "waiting")
     kv = _required(series, names.kv_usage, "kv usage")

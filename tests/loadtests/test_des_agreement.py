@@ -22,12 +22,8 @@ def test_the_case_is_the_bench_quick_fleet_and_its_gateway_config_loads() -> Non
     work = case.workload()
     assert work.size() >= case.requests and work.sizing is not None
     assert 3.0 <= work.sizing.multiple_of_replica <= 6.0
-    config = parse_config(
-        {
-            **case.gateway_config("round-robin"),
-            "replicas": [{"url": "http://127.0.0.1:1", "model": "llama-3-8b"}],
-        }
-    )
+    config = parse_config({**case.gateway_config("round-robin"),
+                           "replicas": [{"url": "http://127.0.0.1:1", "model": "llama-3-8b"}]})
     assert config.scheduling.profile == "round-robin" and not config.flow_control.enabled
 
 
@@ -45,36 +41,11 @@ def test_compare_flags_differences_beyond_the_tolerance() -> None:
 @pytest.mark.skipif(not hasattr(os, "sched_getaffinity"), reason="Linux only")
 def test_a_tiny_live_run_and_its_simulation_agree(tmp_path: Path) -> None:
     affinity = os.sched_getaffinity(0)
-    code = main(
-        [
-            "--replicas",
-            "4",
-            "--profile",
-            "tiny",
-            "--kv-blocks",
-            "256",
-            "--time-scale",
-            "1",
-            "--system-prompt-tokens",
-            "256",
-            "--question-tokens",
-            "16",
-            "--output-tokens",
-            "4",
-            "--requests",
-            "24",
-            "--concurrency",
-            "4",
-            "--policies",
-            "default",
-            "--json",
-            str(tmp_path / "agree.json"),
-            "--workdir",
-            str(tmp_path / "work"),
-            "--tolerance",
-            "1.0",
-        ]
-    )
+    code = main(["--replicas", "4", "--profile", "tiny", "--kv-blocks", "256", "--time-scale", "1",
+                 "--system-prompt-tokens", "256", "--question-tokens", "16", "--output-tokens", "4",
+                 "--requests", "24", "--concurrency", "4", "--policies", "default",
+                 "--json", str(tmp_path / "agree.json"), "--workdir", str(tmp_path / "work"),
+                 "--tolerance", "1.0"])
     assert os.sched_getaffinity(0) == affinity  # the run's pinning was undone
     assert code == 0
     report = (tmp_path / "agree.json").read_text()

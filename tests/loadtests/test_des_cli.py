@@ -14,41 +14,15 @@ def test_a_sweep_writes_the_benchs_results_directory(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     out = tmp_path / "des"
-    code = main(
-        [
-            "--replicas",
-            "8",
-            "--profile",
-            "tiny",
-            "--requests",
-            "40",
-            "--warmup-requests",
-            "8",
-            "--concurrency",
-            "2,8",
-            "--policy",
-            "default,round-robin",
-            "--system-prompt-tokens",
-            "256",
-            "--question-tokens",
-            "16",
-            "--output-tokens",
-            "4",
-            "--out",
-            str(out),
-            "--no-progress",
-        ]
-    )
+    code = main(["--replicas", "8", "--profile", "tiny", "--requests", "40", "--warmup-requests", "8",
+                 "--concurrency", "2,8", "--policy", "default,round-robin", "--system-prompt-tokens", "256",
+                 "--question-tokens", "16", "--output-tokens", "4", "--out", str(out), "--no-progress"])
     assert code == 0
     doc = load_results(out / "results.json")
     assert doc["meta"]["driver"] == "des" and doc["meta"]["fleet_size"] == 8
     runs = doc["runs"]
     assert [(r["policy"], r["concurrency"]) for r in runs] == [
-        ("default", 2),
-        ("default", 8),
-        ("round-robin", 2),
-        ("round-robin", 8),
-    ]
+        ("default", 2), ("default", 8), ("round-robin", 2), ("round-robin", 8)]
     assert all(r["driver"] == "des" and r["completed"] == 40 for r in runs)
     assert (out / "summary.md").exists() and list(out.glob("*.png"))
     assert capsys.readouterr().out.count("TTFT p50") == 4
@@ -57,20 +31,8 @@ def test_a_sweep_writes_the_benchs_results_directory(
 def test_open_loop_and_other_workloads_build() -> None:
     parser = build_parser()
     for workload in ("random", "multi-turn", "lora-mix", "noisy-neighbour", "shared-prefix"):
-        args = parser.parse_args(
-            [
-                "--workload",
-                workload,
-                "--replicas",
-                "8",
-                "--profile",
-                "tiny",
-                "--system-prompt-tokens",
-                "256",
-                "--rate",
-                "5,10",
-            ]
-        )
+        args = parser.parse_args(["--workload", workload, "--replicas", "8", "--profile", "tiny",
+                                  "--system-prompt-tokens", "256", "--rate", "5,10"])
         fleet = fleet_spec(args)
         work = build_workload(args, fleet, 30)
         assert work.size() >= 30
@@ -78,29 +40,9 @@ def test_open_loop_and_other_workloads_build() -> None:
 
 
 def test_closed_and_open_points_in_one_sweep(tmp_path: Path) -> None:
-    code = main(
-        [
-            "--replicas",
-            "2",
-            "--profile",
-            "tiny",
-            "--workload",
-            "random",
-            "--prompt-tokens",
-            "32",
-            "--output-tokens",
-            "4",
-            "--requests",
-            "12",
-            "--concurrency",
-            "2",
-            "--rate",
-            "50",
-            "--out",
-            str(tmp_path),
-            "--no-progress",
-        ]
-    )
+    code = main(["--replicas", "2", "--profile", "tiny", "--workload", "random", "--prompt-tokens", "32",
+                 "--output-tokens", "4", "--requests", "12", "--concurrency", "2", "--rate", "50",
+                 "--out", str(tmp_path), "--no-progress"])
     assert code == 0
     runs = load_results(tmp_path / "results.json")["runs"]
     points = [(r["mode"], r["concurrency"], r["rate"]) for r in runs]

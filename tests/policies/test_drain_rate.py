@@ -78,12 +78,8 @@ def test_clock_going_backwards_decays_nothing_and_stays_finite() -> None:
 
 @pytest.mark.parametrize(
     "kwargs",
-    [
-        {"time_constant_s": 0.0},
-        {"time_constant_s": math.inf},
-        {"min_window_s": 0.0},
-        {"time_constant_s": 1.0, "min_window_s": 2.0},
-    ],
+    [{"time_constant_s": 0.0}, {"time_constant_s": math.inf}, {"min_window_s": 0.0},
+     {"time_constant_s": 1.0, "min_window_s": 2.0}],
 )
 def test_refuses_bad_parameters(kwargs: dict[str, float]) -> None:
     with pytest.raises(ValueError):

@@ -309,14 +309,8 @@ def test_every_item_leaves_exactly_once_and_orders_hold(steps: list[Op]) -> None
     for op, tenant, band, cost, k in steps:
         if op == "push":
             n += 1
-            it = mk(
-                f"i{n}",
-                f"t{tenant}",
-                Band(band),
-                cost=cost,
-                weight=1 + tenant,
-                deadline=now + k if k < 30 else math.inf,
-            )
+            it = mk(f"i{n}", f"t{tenant}", Band(band), cost=cost, weight=1 + tenant,
+                    deadline=now + k if k < 30 else math.inf)
             q.push(it)
             pushed[it.item_id] = it
         elif op == "pop":
@@ -366,9 +360,8 @@ def replay(steps: list[Op], skip: set[str]) -> tuple[list[str], set[str]]:
         if op == "push":
             n += 1
             if f"i{n}" not in skip:
-                q.push(
-                    mk(f"i{n}", f"t{tenant}", Band(band), cost=cost, weight=1 + tenant % 3, deadline=float(n))
-                )
+                q.push(mk(f"i{n}", f"t{tenant}", Band(band), cost=cost, weight=1 + tenant % 3,
+                          deadline=float(n)))
         elif op == "pop":
             it = q.pop()
             if it is not None:

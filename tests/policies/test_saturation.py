@@ -19,9 +19,8 @@ THR = SaturationThresholds(
     max_waiting_per_replica=4, max_kv_usage=0.9, max_in_flight_per_replica=10, stale_after_s=1.0
 )
 NOW = 100.0
-OK = ReplicaState(
-    name="r", url="http://r", pool="llama", scraped_at=NOW - 0.5, waiting=0, kv_usage=0.5, in_flight=3
-)
+OK = ReplicaState(name="r", url="http://r", pool="llama", scraped_at=NOW - 0.5, waiting=0, kv_usage=0.5,
+                  in_flight=3)
 
 
 def with_(**changes: object) -> ReplicaState:

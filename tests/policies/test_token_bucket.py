@@ -202,7 +202,9 @@ specs = st.builds(
     capacity=st.floats(min_value=1, max_value=1e3),
     refill_per_s=st.floats(min_value=0.01, max_value=1e3),
 )
-ops = st.lists(st.tuples(st.sampled_from(["take", "settle", "refill"]), times, amounts, amounts), max_size=30)
+ops = st.lists(
+    st.tuples(st.sampled_from(["take", "settle", "refill"]), times, amounts, amounts), max_size=30
+)
 
 
 @given(specs, levels, times, ops)
@@ -240,11 +242,8 @@ def test_a_refused_take_passes_once_retry_after_has_elapsed(
             assert not take(spec, s, amount, now + r.retry_after_s * 0.99).allowed
 
 
-@given(
-    st.lists(
-        st.tuples(st.floats(min_value=0, max_value=20), st.floats(min_value=0, max_value=30)), max_size=60
-    )
-)
+@given(st.lists(st.tuples(st.floats(min_value=0, max_value=20), st.floats(min_value=0, max_value=30)),
+                max_size=60))
 def test_admitted_amount_never_exceeds_capacity_plus_refill(steps: list[tuple[float, float]]) -> None:
     spec = BucketSpec(capacity=100, refill_per_s=10)
     s = BucketState.full(spec, 0)
@@ -259,7 +258,9 @@ def test_admitted_amount_never_exceeds_capacity_plus_refill(steps: list[tuple[fl
 
 
 @given(st.lists(st.tuples(specs, levels, amounts), min_size=1, max_size=4), times)
-def test_take_all_takes_from_all_or_none(buckets: list[tuple[BucketSpec, float, float]], now: float) -> None:
+def test_take_all_takes_from_all_or_none(
+    buckets: list[tuple[BucketSpec, float, float]], now: float
+) -> None:
     requests = [
         (spec, BucketState(min(level, spec.capacity), now), amount) for spec, level, amount in buckets
     ]

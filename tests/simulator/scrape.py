@@ -32,9 +32,8 @@ async def metric(client: httpx.AsyncClient, name: str, **labels: str) -> float:
     return value(await scrape(client), name, **labels)
 
 
-async def eventually(
-    check: Callable[[], Awaitable[bool]], timeout: float = 5.0, interval: float = 0.005
-) -> None:
+async def eventually(check: Callable[[], Awaitable[bool]], timeout: float = 5.0,
+                     interval: float = 0.005) -> None:
     """Poll `check` until it is true; fail after `timeout` seconds."""
     async with asyncio.timeout(timeout):
         while not await check():  # noqa: ASYNC110 - polling another process's state over HTTP

@@ -13,23 +13,10 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_sim_serves_and_stops_on_sigterm() -> None:
-    command = [
-        sys.executable,
-        "-m",
-        "gateway.cli",
-        "sim",
-        "--replicas",
-        "2",
-        "--port",
-        "0",
-        "--profile",
-        "tiny",
-        "--adapters",
-        "a,b",
-    ]
-    with subprocess.Popen(
-        command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    ) as process:
+    command = [sys.executable, "-m", "gateway.cli", "sim", "--replicas", "2", "--port", "0",
+               "--profile", "tiny", "--adapters", "a,b"]
+    with subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          text=True) as process:
         try:
             assert process.stdout is not None
             urls = [process.stdout.readline().strip() for _ in range(2)]
@@ -50,10 +37,7 @@ def test_sim_serves_and_stops_on_sigterm() -> None:
 def test_sim_rejects_bad_arguments() -> None:
     result = subprocess.run(
         [sys.executable, "-m", "gateway.cli", "sim", "--port", "0", "--profile", "nope"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=30,
+        cwd=ROOT, capture_output=True, text=True, timeout=30,
     )
     assert result.returncode != 0
     assert "unknown profile" in result.stderr

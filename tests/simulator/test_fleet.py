@@ -49,9 +49,8 @@ async def test_per_replica_faults() -> None:
 async def test_stop_replica_breaks_streams_and_refuses_connections() -> None:
     async with SimFleet(replicas=2, time_scale=5.0) as fleet, httpx.AsyncClient(timeout=5) as client:
         url = fleet.urls[0]
-        async with client.stream(
-            "POST", url + "/v1/completions", json={"prompt": "x", "max_tokens": 500, "stream": True}
-        ) as response:
+        async with client.stream("POST", url + "/v1/completions",
+                                 json={"prompt": "x", "max_tokens": 500, "stream": True}) as response:
             lines = response.aiter_lines()
             await anext(lines)
             await fleet.stop_replica(0)
@@ -72,9 +71,8 @@ async def test_stop_replica_breaks_streams_and_refuses_connections() -> None:
 async def test_two_fleets_in_one_loop_stop_cleanly() -> None:
     async with SimFleet(replicas=1) as a, SimFleet(replicas=1) as b, httpx.AsyncClient(timeout=5) as client:
         payload = {"prompt": "x", "max_tokens": 3}
-        results = await asyncio.gather(
-            *(client.post(u + "/v1/completions", json=payload) for u in a.urls + b.urls)
-        )
+        results = await asyncio.gather(*(client.post(u + "/v1/completions", json=payload)
+                                         for u in a.urls + b.urls))
         assert [r.status_code for r in results] == [200, 200]
 
 

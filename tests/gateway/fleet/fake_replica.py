@@ -47,13 +47,11 @@ class FakeReplica:
         self.port = 0
         self._server: _QuietServer | None = None
         self._task: asyncio.Task[None] | None = None
-        self._app: ASGIApp = app or Starlette(
-            routes=[
-                Route("/metrics", self._metrics),
-                Route("/health", self._health),
-                Route("/v1/models", self._models),
-            ]
-        )
+        self._app: ASGIApp = app or Starlette(routes=[
+            Route("/metrics", self._metrics),
+            Route("/health", self._health),
+            Route("/v1/models", self._models),
+        ])
 
     @property
     def url(self) -> str:
@@ -64,9 +62,8 @@ class FakeReplica:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind(("127.0.0.1", self.port))
         self.port = sock.getsockname()[1]
-        config = uvicorn.Config(
-            self._app, lifespan="off", log_config=None, access_log=False, timeout_graceful_shutdown=0
-        )
+        config = uvicorn.Config(self._app, lifespan="off", log_config=None, access_log=False,
+                                timeout_graceful_shutdown=0)
         self._server = _QuietServer(config)
         self._task = asyncio.create_task(self._server.serve(sockets=[sock]))
         async with asyncio.timeout(5):
@@ -88,18 +85,16 @@ class FakeReplica:
         await self.start()
         return self
 
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                        tb: TracebackType | None) -> None:
         await self.stop()
 
     async def _metrics(self, request: Request) -> Response:
         self.hits["metrics"] += 1
         if self.metrics_delay_s:
             await asyncio.sleep(self.metrics_delay_s)
-        return Response(
-            self.metrics_text, self.metrics_status, media_type="text/plain; version=0.0.4; charset=utf-8"
-        )
+        return Response(self.metrics_text, self.metrics_status,
+                        media_type="text/plain; version=0.0.4; charset=utf-8")
 
     async def _health(self, request: Request) -> Response:
         self.hits["health"] += 1

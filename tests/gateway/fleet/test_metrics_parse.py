@@ -177,10 +177,8 @@ def test_engines_kv_usage(
 
 def test_lora_newest_series_per_engine_unioned() -> None:
     def lora(engine: str, running: str, waiting: str, value: str) -> str:
-        return (
-            f'vllm:lora_requests_info{{engine="{engine}",max_lora="2",'
-            f'running_lora_adapters="{running}",waiting_lora_adapters="{waiting}"}} {value}'
-        )
+        return (f'vllm:lora_requests_info{{engine="{engine}",max_lora="2",'
+                f'running_lora_adapters="{running}",waiting_lora_adapters="{waiting}"}} {value}')
 
     text = page(
         *vllm_core(),
@@ -267,10 +265,8 @@ def test_duplicate_series_line_counts_once() -> None:
 def test_parser_reuses_unchanged_lines_but_reads_changed_ones() -> None:
     parser = MetricsParser()
     assert parser.parse(LORA_PAGE).running == 8
-    changed = LORA_PAGE.replace(
-        'vllm:num_requests_running{engine="0",model_name="tiny-llama"} 8.0',
-        'vllm:num_requests_running{engine="0",model_name="tiny-llama"} 3.0',
-    )
+    changed = LORA_PAGE.replace('vllm:num_requests_running{engine="0",model_name="tiny-llama"} 8.0',
+                                'vllm:num_requests_running{engine="0",model_name="tiny-llama"} 3.0')
     m = parser.parse(changed)
     assert (m.running, m.num_gpu_blocks, m.running_adapters) == (3, 16384, ("lora-b", "lora-a"))
     assert parser.parse(IDLE_PAGE) == parse_metrics(IDLE_PAGE)
@@ -304,19 +300,11 @@ def test_fuzz_random_bytes(body: bytes) -> None:
     parses_or_refuses(MetricsParser(), body.decode("utf-8", "replace"))
 
 
-_NAMES = st.sampled_from(
-    [
-        "vllm:num_requests_running",
-        "vllm:num_requests_waiting",
-        "vllm:kv_cache_usage_perc",
-        "vllm:prefix_cache_hits_total",
-        "vllm:cache_config_info",
-        "vllm:lora_requests_info",
-        "sglang:num_running_reqs",
-        "sglang:token_usage",
-        "sglang:max_total_num_tokens",
-    ]
-)
+_NAMES = st.sampled_from([
+    "vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
+    "vllm:prefix_cache_hits_total", "vllm:cache_config_info", "vllm:lora_requests_info",
+    "sglang:num_running_reqs", "sglang:token_usage", "sglang:max_total_num_tokens",
+])
 _LINE = st.tuples(_NAMES, st.text(max_size=40), st.text(max_size=12)).map(
     lambda t: f"{t[0]}{{{t[1]}}} {t[2]}"
 )
@@ -334,4 +322,4 @@ def test_fuzz_truncated_and_spliced_real_page(cut: int, at: int, junk: str) -> N
     parser = MetricsParser()
     parses_or_refuses(parser, LORA_PAGE)
     parses_or_refuses(parser, LORA_PAGE[:cut])
-    parses_or_refuses(parser, LORA_PAGE[:at] + junk + LORA_PAGE[at + len(junk) :])
+    parses_or_refuses(parser, LORA_PAGE[:at] + junk + LORA_PAGE[at + len(junk):])

@@ -22,17 +22,9 @@ def test_real_capture_with_two_adapters() -> None:
 
 
 def test_no_adapters_and_repeated_ids() -> None:
-    body = orjson.dumps(
-        {
-            "object": "list",
-            "data": [
-                {"id": "m", "parent": None},
-                {"id": "m"},
-                {"id": "a", "parent": "m"},
-                {"id": "a", "parent": "x"},
-            ],
-        }
-    )
+    body = orjson.dumps({"object": "list", "data": [
+        {"id": "m", "parent": None}, {"id": "m"}, {"id": "a", "parent": "m"}, {"id": "a", "parent": "x"},
+    ]})
     served = parse_models(body)
     assert served.base_models == ("m",)
     assert dict(served.adapters) == {"a": "m"}  # the first listing of a repeated id stands
@@ -66,10 +58,8 @@ def test_bad_bodies(body: bytes) -> None:
 
 _JSON = st.recursive(
     st.none() | st.booleans() | st.integers() | st.text(max_size=8),
-    lambda inner: (
-        st.lists(inner, max_size=4)
-        | st.dictionaries(st.sampled_from(["id", "parent", "data", "object"]), inner, max_size=4)
-    ),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(
+        st.sampled_from(["id", "parent", "data", "object"]), inner, max_size=4),
     max_leaves=6,
 )
 

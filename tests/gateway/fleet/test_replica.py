@@ -109,16 +109,8 @@ def test_state_from_scrape_and_models() -> None:
     assert state.kv_capacity_tokens == 0
     assert dict(state.labels) == {"zone": "a"}
 
-    metrics = ReplicaMetrics(
-        running=2,
-        waiting=3,
-        kv_usage=0.5,
-        block_size=128,
-        num_gpu_blocks=10,
-        max_loras=2,
-        running_adapters=("a",),
-        waiting_adapters=("b",),
-    )
+    metrics = ReplicaMetrics(running=2, waiting=3, kv_usage=0.5, block_size=128, num_gpu_blocks=10,
+                             max_loras=2, running_adapters=("a",), waiting_adapters=("b",))
     assert record.record_metrics(metrics, now=5.0) == (True, True)  # adapters and capacity new
     assert record.record_metrics(metrics, now=6.0) == (False, False)
     assert record.record_served(ServedModels(("m",), {"a": "m", "c": "m"})) is True

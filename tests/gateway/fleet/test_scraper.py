@@ -20,14 +20,9 @@ from simulator.fleet import SimFleet
 from tests.gateway.fleet.fake_replica import FakeReplica
 
 FAST = FleetConfig(
-    scrape_interval_s=0.05,
-    scrape_timeout_s=0.5,
-    stale_after_s=1.0,
-    health_interval_s=1000.0,
-    health_timeout_s=0.5,  # health checks out of the way unless asked for
-    eject_after_failures=2,
-    eject_backoff_s=0.05,
-    eject_backoff_max_s=0.2,
+    scrape_interval_s=0.05, scrape_timeout_s=0.5, stale_after_s=1.0,
+    health_interval_s=1000.0, health_timeout_s=0.5,  # health checks out of the way unless asked for
+    eject_after_failures=2, eject_backoff_s=0.05, eject_backoff_max_s=0.2,
     models_poll_interval_s=1000.0,
 )
 Log = list[tuple[str, str, object]]
@@ -70,9 +65,8 @@ async def two_replicas() -> AsyncIterator[tuple[FakeReplica, FakeReplica]]:
 async def scraping(
     replicas: tuple[FakeReplica, ...], fleet: FleetConfig = FAST
 ) -> tuple[FleetState, FleetScraper, Observer, UpstreamPool]:
-    state = FleetState(
-        [ReplicaConfig(url=r.url, model="tiny-llama", name=f"r{i}") for i, r in enumerate(replicas)], fleet
-    )
+    state = FleetState([ReplicaConfig(url=r.url, model="tiny-llama", name=f"r{i}")
+                        for i, r in enumerate(replicas)], fleet)
     observer = Observer()
     state.add_listener(observer)
     client = build_client(fleet)
@@ -88,9 +82,7 @@ async def test_start_polls_once_then_stop_leaves_no_tasks(
     try:
         snap = state.snapshot()  # populated as soon as start() returns
         assert [(r.running, r.waiting, r.block_size, r.num_gpu_blocks) for r in snap.replicas] == [
-            (8, 16, 128, 16384),
-            (8, 16, 128, 16384),
-        ]
+            (8, 16, 128, 16384), (8, 16, 128, 16384)]
         assert state.pool_of("lora-a") == ("tiny-llama", "lora-a")
         assert state.kv_capacity_tokens("r0") == 2_097_152
         assert all(r.healthy and r.scraped_at is not None for r in snap.replicas)
@@ -109,8 +101,7 @@ async def test_scrapes_keep_coming_and_bring_fresh_numbers(
     try:
         a.metrics_text = a.metrics_text.replace(
             'vllm:num_requests_running{engine="0",model_name="tiny-llama"} 8.0',
-            'vllm:num_requests_running{engine="0",model_name="tiny-llama"} 3.0',
-        )
+            'vllm:num_requests_running{engine="0",model_name="tiny-llama"} 3.0')
         await observer.until(lambda: state.snapshot().replicas[0].running == 3)
         await observer.until(lambda: scraper.stats("r1").scrapes >= 5)
         stats = scraper.stats("r1")
@@ -160,14 +151,9 @@ async def test_failing_health_check_ejects_and_good_one_readmits(
         assert not state.snapshot().replicas[0].healthy  # good scrapes do not override /health
         a.health_status = 200
         await observer.until(lambda: state.snapshot().replicas[0].healthy)
-        health = [
-            what
-            for kind, name, what in observer.log
-            if name == "r0"
-            and kind == "change"
-            and isinstance(what, FleetChange)
-            and what & FleetChange.HEALTH
-        ]
+        health = [what for kind, name, what in observer.log
+                  if name == "r0" and kind == "change" and isinstance(what, FleetChange)
+                  and what & FleetChange.HEALTH]
         assert len(health) == 2
     finally:
         await scraper.stop()
@@ -281,18 +267,14 @@ async def test_prometheus_client_exposition_renders_only_the_families_read() -> 
     families it reads (`name[]`) and for no compression."""
     registry = CollectorRegistry()
     labels = ["engine", "model_name"]
-    for name, value in (
-        ("vllm:num_requests_running", 4),
-        ("vllm:num_requests_waiting", 1),
-        ("vllm:kv_cache_usage_perc", 0.5),
-    ):
+    for name, value in (("vllm:num_requests_running", 4), ("vllm:num_requests_waiting", 1),
+                        ("vllm:kv_cache_usage_perc", 0.5)):
         Gauge(name, "doc", labels, registry=registry).labels("0", "m").set(value)
     Counter("vllm:prefix_cache_queries", "doc", labels, registry=registry).labels("0", "m").inc(640)
     Counter("vllm:prompt_tokens", "doc", labels, registry=registry).labels("0", "m").inc(9)
     Histogram("vllm:time_to_first_token_seconds", "doc", labels, registry=registry).labels("0", "m")
-    Gauge(
-        "vllm:cache_config_info", "doc", ["block_size", "engine", "num_gpu_blocks"], registry=registry
-    ).labels("16", "0", "4096").set(1)
+    Gauge("vllm:cache_config_info", "doc", ["block_size", "engine", "num_gpu_blocks"],
+          registry=registry).labels("16", "0", "4096").set(1)
     exposition = make_asgi_app(registry)
     pages: dict[str, tuple[list[tuple[bytes, bytes]], bytes]] = {}
 
@@ -333,12 +315,10 @@ async def test_prometheus_client_exposition_renders_only_the_families_read() -> 
 # -- against the replica simulator (simulator/fleet.py) ------------------------------------------
 
 
-async def scraping_sim(
-    sim: SimFleet, fleet: FleetConfig = FAST
-) -> tuple[FleetState, FleetScraper, Observer, UpstreamPool]:
-    state = FleetState(
-        [ReplicaConfig(url=u, model="tiny-llama", name=f"sim{i}") for i, u in enumerate(sim.urls)], fleet
-    )
+async def scraping_sim(sim: SimFleet, fleet: FleetConfig = FAST) -> tuple[
+        FleetState, FleetScraper, Observer, UpstreamPool]:
+    state = FleetState([ReplicaConfig(url=u, model="tiny-llama", name=f"sim{i}")
+                        for i, u in enumerate(sim.urls)], fleet)
     observer = Observer()
     state.add_listener(observer)
     client = build_client(fleet)
@@ -349,28 +329,23 @@ async def scraping_sim(
 
 async def test_simulated_fleet_is_read_whole() -> None:
     # time_scale 50: a 64-token request runs for seconds, long enough to be seen by scrapes
-    async with SimFleet(
-        replicas=2, profile="tiny", max_loras=2, adapters=("lora-a",), time_scale=50.0
-    ) as sim:
+    async with SimFleet(replicas=2, profile="tiny", max_loras=2, adapters=("lora-a",),
+                        time_scale=50.0) as sim:
         state, scraper, observer, client = await scraping_sim(sim)
         try:
             snap = state.snapshot()
-            assert all(
-                r.healthy and r.block_size == 16 and r.num_gpu_blocks > 0 and r.max_loras == 2
-                for r in snap.replicas
-            )
+            assert all(r.healthy and r.block_size == 16 and r.num_gpu_blocks > 0 and r.max_loras == 2
+                       for r in snap.replicas)
             assert state.pool_of("lora-a") == ("tiny-llama", "lora-a")
             assert state.kv_capacity_tokens("sim0") == snap.replicas[0].kv_capacity_tokens
 
             # a request the (slowed) engine is still working on shows in the next scrapes
             body = {"model": "lora-a", "prompt": "hello there", "max_tokens": 64, "stream": True}
-            async with (
-                httpx.AsyncClient() as http,
-                http.stream("POST", sim.urls[1] + "/v1/completions", json=body),
+            async with httpx.AsyncClient() as http, http.stream(
+                "POST", sim.urls[1] + "/v1/completions", json=body
             ):
-                await observer.until(
-                    lambda: state.snapshot().replicas[1].running + state.snapshot().replicas[1].waiting >= 1
-                )
+                await observer.until(lambda: state.snapshot().replicas[1].running
+                                     + state.snapshot().replicas[1].waiting >= 1)
                 busy = state.snapshot().replicas[1]
                 assert "lora-a" in busy.adapters
             assert state.snapshot().replicas[0].running == 0

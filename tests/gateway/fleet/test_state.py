@@ -204,9 +204,8 @@ def test_models_and_pool_resolution(state: FleetState) -> None:
     assert state.pool_of("nope") is None
     # an adapter seen only in lora_requests_info counts too; the same adapter in two pools goes to
     # the first pool in config order
-    state.record_scrape(
-        C, ReplicaMetrics(running=0, waiting=0, kv_usage=0.0, running_adapters=("lora-c", "lora-a"))
-    )
+    state.record_scrape(C, ReplicaMetrics(running=0, waiting=0, kv_usage=0.0,
+                                          running_adapters=("lora-c", "lora-a")))
     assert state.pool_of("lora-c") == ("other", "lora-c")
     assert state.pool_of("lora-a") == ("tiny-llama", "lora-a")
     a = state.snapshot().by_name(A)

@@ -26,9 +26,8 @@ class Clock:
 
 def model(policy: str = "default", **overrides: Any) -> tuple[GatewayModel, Clock]:
     clock = Clock()
-    gw = GatewayModel(
-        gateway_config(None, SPEC.names, MODEL, policy=policy, **overrides), clock, random.Random(0)
-    )
+    gw = GatewayModel(gateway_config(None, SPEC.names, MODEL, policy=policy, **overrides), clock,
+                      random.Random(0))
     for rep in build_replicas(SPEC):
         gw.serve_models(rep.index, MODEL, ())
         gw.scrape(rep.index, rep.engine.stats)
@@ -36,22 +35,14 @@ def model(policy: str = "default", **overrides: Any) -> tuple[GatewayModel, Cloc
 
 
 def chat(text: str, **extra: Any) -> dict[str, Any]:
-    return {
-        "model": MODEL,
-        "messages": [
-            {"role": "system", "content": "Shared rules. " * 200 + "Go."},
-            {"role": "user", "content": text},
-        ],
-        "max_tokens": 8,
-        **extra,
-    }
+    return {"model": MODEL, "messages": [{"role": "system", "content": "Shared rules. " * 200 + "Go."},
+                                          {"role": "user", "content": text}], "max_tokens": 8, **extra}
 
 
 def test_config_replaces_replicas_and_applies_overrides() -> None:
     base = parse_config({"scheduling": {"prefix_index": {"block_tokens": 32}}, "fleet": {"stale_after_s": 3}})
-    cfg = gateway_config(
-        base, ("r0", "r1"), "m", policy="round-robin", tokenizer="sim", scrape_interval_s=0.05, seed=7
-    )
+    cfg = gateway_config(base, ("r0", "r1"), "m", policy="round-robin", tokenizer="sim",
+                         scrape_interval_s=0.05, seed=7)
     assert [r.display_name for r in cfg.replicas] == ["r0", "r1"] and {r.model for r in cfg.replicas} == {"m"}
     assert cfg.scheduling.profile == "round-robin" and cfg.scheduling.seed == 7
     assert cfg.scheduling.prefix_index.block_tokens == 32
@@ -80,9 +71,8 @@ def test_token_block_facts_from_the_runs_ids_equal_the_sim_tokenizers() -> None:
 
 def test_output_cap_session_and_tenant() -> None:
     gw, _ = model()
-    info = gw.request_info(
-        "chat", chat("x", max_completion_tokens=3), tenant="acme", headers={"X-Session-Id": "conv-1"}
-    )
+    info = gw.request_info("chat", chat("x", max_completion_tokens=3), tenant="acme",
+                           headers={"X-Session-Id": "conv-1"})
     assert (info.max_tokens, info.session_id, info.tenant) == (3, "conv-1", "acme")
     body = chat("x")
     del body["max_tokens"]

@@ -11,12 +11,10 @@ from simulator.tokenizer import encode, render_chat
 
 # Characters that stress the tokenizer's piece boundaries: every class, ASCII whitespace of each kind,
 # multi-byte text, and the template's own "<|", "|>".
-_TEXT = st.lists(st.sampled_from([*"aZ9 .,<|>\n\t\r\x0b\x0c-é漢\u2028", "  ", "<|user|>"]), max_size=30).map(
-    "".join
-)
-_MESSAGE = st.fixed_dictionaries(
-    {"role": st.sampled_from(["system", "user", "assistant", "a b"]), "content": _TEXT}
-)
+_TEXT = st.lists(st.sampled_from([*"aZ9 .,<|>\n\t\r\x0b\x0c-é漢\u2028", "  ", "<|user|>"]),
+                max_size=30).map("".join)
+_MESSAGE = st.fixed_dictionaries({"role": st.sampled_from(["system", "user", "assistant", "a b"]),
+                                  "content": _TEXT})
 
 
 @settings(max_examples=400, deadline=None)

@@ -15,23 +15,13 @@ FLEET = FleetSpec(replicas=3, profile="tiny")
 
 
 def workload() -> SharedPrefixWorkload:
-    return SharedPrefixWorkload(
-        groups=6,
-        prompts_per_group=8,
-        system_prompt_tokens=256,
-        question_tokens=24,
-        output_tokens=12,
-        model=FLEET.model_name,
-        seed=5,
-    )
+    return SharedPrefixWorkload(groups=6, prompts_per_group=8, system_prompt_tokens=256, question_tokens=24,
+                                output_tokens=12, model=FLEET.model_name, seed=5)
 
 
 def test_the_record_is_a_valid_results_record_with_the_runs_own_figures() -> None:
-    result = run_des(
-        workload().requests(),
-        DesConfig(FLEET, policy="least-loaded"),
-        LoadConfig(concurrency=6, duration_s=INF, warmup_s=0.01),
-    )
+    result = run_des(workload().requests(), DesConfig(FLEET, policy="least-loaded"),
+                     LoadConfig(concurrency=6, duration_s=INF, warmup_s=0.01))
     record = result.to_record(workload="shared-prefix", slo=Slo(ttft_s=0.05))
     validate_record(record)
     assert record["policy"] == "least-loaded" and record["mode"] == "closed" and record["concurrency"] == 6

@@ -26,12 +26,8 @@ MODEL = TINY.model_name
 
 
 def closed(concurrency: int, max_requests: int | None = None, request_timeout_s: float = 300.0) -> LoadConfig:
-    return LoadConfig(
-        concurrency=concurrency,
-        duration_s=INF,
-        max_requests=max_requests,
-        request_timeout_s=request_timeout_s,
-    )
+    return LoadConfig(concurrency=concurrency, duration_s=INF, max_requests=max_requests,
+                      request_timeout_s=request_timeout_s)
 
 
 def test_one_request_on_one_replica_has_the_engines_own_ttft_and_token_times() -> None:
@@ -81,16 +77,9 @@ def test_closed_loop_holds_exactly_its_concurrency_in_flight() -> None:
 
 def sized_shared_prefix(seed: int = 1) -> SharedPrefixWorkload:
     kv = get_profile("tiny").kv_capacity_tokens()
-    return SharedPrefixWorkload.sized(
-        replica_kv_tokens=kv,
-        replicas=8,
-        prompts_per_group=5,
-        system_prompt_tokens=512,
-        question_tokens=32,
-        output_tokens=4,
-        model=MODEL,
-        seed=seed,
-    )
+    return SharedPrefixWorkload.sized(replica_kv_tokens=kv, replicas=8, prompts_per_group=5,
+                                      system_prompt_tokens=512, question_tokens=32, output_tokens=4,
+                                      model=MODEL, seed=seed)
 
 
 def test_prefix_affinity_keeps_a_group_on_one_replica_where_round_robin_spreads_it() -> None:
@@ -129,11 +118,8 @@ def test_the_gateways_picture_changes_only_at_scrapes_except_its_own_in_flight_c
             scrape_times.add(now)
             assert (state.running, state.waiting) == (engine.num_running, engine.num_waiting)
         else:
-            assert (state.running, state.waiting, state.kv_usage) == (
-                last.running,
-                last.waiting,
-                last.kv_usage,
-            )
+            assert (state.running, state.waiting, state.kv_usage) == (last.running, last.waiting,
+                                                                     last.kv_usage)
             stale_seen |= state.waiting != engine.num_waiting
             in_flight_moved_between_scrapes |= state.in_flight != last.in_flight
         last = state
@@ -172,9 +158,8 @@ def test_timeouts_fail_the_request_and_free_the_replica() -> None:
 
 def test_the_drain_deadline_cuts_what_still_runs() -> None:
     work = RandomWorkload(requests=50, prompt_tokens=64, output_tokens=50, model=MODEL, seed=1)
-    result = run_des(
-        work.requests(), DesConfig(TINY), LoadConfig(concurrency=4, duration_s=0.15, drain_timeout_s=0.01)
-    )
+    result = run_des(work.requests(), DesConfig(TINY),
+                     LoadConfig(concurrency=4, duration_s=0.15, drain_timeout_s=0.01))
     # Each request takes ~0.1 s: the second round starts before 0.15 s and cannot end by 0.16 s.
     assert result.incomplete == 4 and result.sent == len(result.traces) + result.incomplete
     assert all(t.start < 0.15 and t.end <= 0.16 for t in result.traces)
@@ -225,10 +210,8 @@ def test_a_drained_point_leaves_nothing_behind_for_the_next() -> None:
     first = RandomWorkload(requests=400, prompt_tokens=64, output_tokens=40, model=MODEL, seed=1)
     second = RandomWorkload(requests=20, prompt_tokens=64, output_tokens=40, model=MODEL, seed=2)
     sim = Simulation(DesConfig(replace(TINY, replicas=2)))
-    cut = sim.run(
-        first.requests(),
-        LoadConfig(rate=2000.0, duration_s=0.05, drain_timeout_s=0.001, request_timeout_s=0.2),
-    )
+    cut = sim.run(first.requests(), LoadConfig(rate=2000.0, duration_s=0.05, drain_timeout_s=0.001,
+                                               request_timeout_s=0.2))
     assert cut.incomplete > 0
     after = sim.run([replace(s, request_id="next-" + s.request_id) for s in second.requests()], closed(4))
     assert len(after.traces) == 20 and all(t.ok and t.request_id.startswith("next-") for t in after.traces)

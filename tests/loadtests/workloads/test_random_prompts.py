@@ -63,7 +63,6 @@ def test_output_jitter_spreads_output_caps_around_the_mean() -> None:
     assert min(caps) >= 32 and max(caps) <= 96 and max(caps) - min(caps) > 40
     assert 58 <= sum(caps) / len(caps) <= 70  # the mean stays near output_tokens
     assert make(0.5) == spread  # seeded
-    assert (
-        RandomWorkload(requests=1, prompt_tokens=5, output_tokens=5, model="m").describe()["output_jitter"]
-        == 0.0
-    )
+    assert RandomWorkload(requests=1, prompt_tokens=5, output_tokens=5, model="m").describe()[
+        "output_jitter"
+    ] == 0.0

@@ -40,10 +40,7 @@ def test_load_unload_and_list() -> None:
     assert models.load("b", "/x/b") == "Success: LoRA adapter 'b' added successfully."
     listed = orjson.loads(models.models_body())["data"]
     assert [(m["id"], m["parent"], m["root"]) for m in listed] == [
-        ("base", None, "/models/base"),
-        ("a", "base", "/models/a"),
-        ("b", "base", "/x/b"),
-    ]
+        ("base", None, "/models/base"), ("a", "base", "/models/a"), ("b", "base", "/x/b")]
     assert models.unload("a").startswith("Success")
     assert models.adapters == ("b",)
     with pytest.raises(ApiError) as info:

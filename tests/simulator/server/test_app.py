@@ -17,10 +17,8 @@ FIXTURES = VLLM_FIXTURES
 
 @pytest.fixture
 async def client() -> AsyncIterator[httpx.AsyncClient]:
-    async with (
-        SimFleet(profile="tiny", max_loras=2, adapters=("lora-a",)) as fleet,
-        httpx.AsyncClient(base_url=fleet.urls[0], timeout=10) as client,
-    ):
+    async with SimFleet(profile="tiny", max_loras=2, adapters=("lora-a",)) as fleet, \
+            httpx.AsyncClient(base_url=fleet.urls[0], timeout=10) as client:
         yield client
 
 
@@ -97,24 +95,13 @@ async def test_metrics_carry_every_vllm_name_and_cache_config(client: httpx.Asyn
     await client.post("/v1/completions", json={"prompt": "x", "max_tokens": 3, "model": "lora-a"})
     samples = await scrape(client)
     for name in (
-        "vllm:num_requests_running",
-        "vllm:num_requests_waiting",
-        "vllm:kv_cache_usage_perc",
-        "vllm:prefix_cache_queries_total",
-        "vllm:prefix_cache_hits_total",
-        "vllm:num_preemptions_total",
-        "vllm:prompt_tokens_total",
-        "vllm:generation_tokens_total",
-        "vllm:request_success_total",
-        "vllm:prompt_tokens_created",
-        "vllm:time_to_first_token_seconds_bucket",
-        "vllm:inter_token_latency_seconds_bucket",
-        "vllm:e2e_request_latency_seconds_bucket",
-        "vllm:request_queue_time_seconds_bucket",
-        "vllm:cache_config_info",
-        "vllm:lora_requests_info",
-        "kvgate_sim_time_scale",
-        "kvgate_sim_step_lag_seconds_bucket",
+        "vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
+        "vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total", "vllm:num_preemptions_total",
+        "vllm:prompt_tokens_total", "vllm:generation_tokens_total", "vllm:request_success_total",
+        "vllm:prompt_tokens_created", "vllm:time_to_first_token_seconds_bucket",
+        "vllm:inter_token_latency_seconds_bucket", "vllm:e2e_request_latency_seconds_bucket",
+        "vllm:request_queue_time_seconds_bucket", "vllm:cache_config_info", "vllm:lora_requests_info",
+        "kvgate_sim_time_scale", "kvgate_sim_step_lag_seconds_bucket",
     ):
         assert name in samples, name
     assert value(samples, "vllm:generation_tokens_total", model_name="tiny-llama", engine="0") == 3

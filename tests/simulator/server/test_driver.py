@@ -60,9 +60,8 @@ async def drain(sink: RequestSink) -> list[TokenEvent]:
                 return events
 
 
-def driver_for(
-    engine: Engine, started: list[EngineDriver], **kw: object
-) -> tuple[EngineDriver, ReplicaMetrics]:
+def driver_for(engine: Engine, started: list[EngineDriver],
+               **kw: object) -> tuple[EngineDriver, ReplicaMetrics]:
     metrics = metrics_for(engine)
     driver = EngineDriver(engine, metrics, **kw)  # type: ignore[arg-type]
     driver.start()

@@ -19,18 +19,9 @@ STREAM = {"prompt": "tell me", "max_tokens": 50, "stream": True}
 
 @pytest.mark.parametrize(
     "changes",
-    [
-        {"error_rate": 1.5},
-        {"error_rate": -0.1},
-        {"error_rate": "x"},
-        {"error_status": 404},
-        {"slowdown": 0},
-        {"slowdown": True},
-        {"crash_after_chunks": -1},
-        {"hang_after_chunks": 1.5},
-        {"health_status": 99},
-        {"no_such_fault": 1},
-    ],
+    [{"error_rate": 1.5}, {"error_rate": -0.1}, {"error_rate": "x"}, {"error_status": 404}, {"slowdown": 0},
+     {"slowdown": True}, {"crash_after_chunks": -1}, {"hang_after_chunks": 1.5}, {"health_status": 99},
+     {"no_such_fault": 1}],
 )
 def test_bad_faults_are_refused(changes: dict[str, Any]) -> None:
     with pytest.raises(ValueError):
@@ -50,10 +41,8 @@ def test_merge_keeps_other_fields_and_error_draws_follow_the_seed() -> None:
 async def faulty(how: str, **faults: Any) -> AsyncIterator[httpx.AsyncClient]:
     """A one-replica fleet with `faults` set at start-up or through `POST /sim/faults`."""
     startup = FaultConfig(**faults) if how == "startup" else None
-    async with (
-        SimFleet(profile="tiny", faults=startup) as fleet,
-        httpx.AsyncClient(base_url=fleet.urls[0], timeout=httpx.Timeout(10, read=1.0)) as client,
-    ):
+    async with SimFleet(profile="tiny", faults=startup) as fleet, \
+            httpx.AsyncClient(base_url=fleet.urls[0], timeout=httpx.Timeout(10, read=1.0)) as client:
         if how == "runtime":
             response = await client.post("/sim/faults", json=faults)
             assert response.status_code == 200
@@ -77,11 +66,8 @@ async def data_chunks(client: httpx.AsyncClient, payload: dict[str, Any]) -> tup
 
 async def assert_freed(client: httpx.AsyncClient) -> None:
     async def freed() -> bool:
-        return (
-            await metric(client, "vllm:num_requests_running") == 0
-            and await metric(client, "vllm:kv_cache_usage_perc") == 0.0
-        )
-
+        return (await metric(client, "vllm:num_requests_running") == 0
+                and await metric(client, "vllm:kv_cache_usage_perc") == 0.0)
     await eventually(freed)
 
 
@@ -91,18 +77,15 @@ HOW = pytest.mark.parametrize("how", ["startup", "runtime"])
 @HOW
 async def test_error_rate(how: str) -> None:
     async with faulty(how, error_rate=1.0, error_status=503) as client:
-        response = await client.post(
-            "/v1/chat/completions", json={"messages": [{"role": "user", "content": "x"}]}
-        )
+        response = await client.post("/v1/chat/completions",
+                                     json={"messages": [{"role": "user", "content": "x"}]})
         assert response.status_code == 503
         assert response.json()["error"]["code"] == 503
         assert (await client.get("/health")).status_code == 200
         changed = await client.post("/sim/faults", json={"error_rate": 0.5, "error_status": 500})
         assert changed.status_code == 200
-        statuses = [
-            (await client.post("/v1/completions", json={"prompt": "x", "max_tokens": 1})).status_code
-            for _ in range(20)
-        ]
+        statuses = [(await client.post("/v1/completions", json={"prompt": "x", "max_tokens": 1})).status_code
+                    for _ in range(20)]
     assert set(statuses) == {200, 500}
 
 

@@ -17,10 +17,8 @@ CHAT = {"model": "tiny-llama", "messages": [{"role": "user", "content": "Say som
 
 @pytest.fixture
 async def client() -> AsyncIterator[httpx.AsyncClient]:
-    async with (
-        SimFleet(replicas=1, profile="tiny") as fleet,
-        httpx.AsyncClient(base_url=fleet.urls[0], timeout=10) as client,
-    ):
+    async with SimFleet(replicas=1, profile="tiny") as fleet, \
+            httpx.AsyncClient(base_url=fleet.urls[0], timeout=10) as client:
         yield client
 
 
@@ -28,7 +26,7 @@ def sse_events(text: str) -> list[str]:
     assert text.endswith("\n\n")
     blocks = text.split("\n\n")[:-1]
     assert all(b.startswith("data: ") for b in blocks)
-    return [b[len("data: ") :] for b in blocks]
+    return [b[len("data: "):] for b in blocks]
 
 
 async def test_chat_non_streaming(client: httpx.AsyncClient) -> None:
@@ -59,17 +57,14 @@ async def test_default_max_tokens_is_16(client: httpx.AsyncClient) -> None:
 
 
 async def test_max_completion_tokens_wins_for_chat(client: httpx.AsyncClient) -> None:
-    body = (
-        await client.post("/v1/chat/completions", json={**CHAT, "max_tokens": 9, "max_completion_tokens": 3})
-    ).json()
+    body = (await client.post("/v1/chat/completions",
+                              json={**CHAT, "max_tokens": 9, "max_completion_tokens": 3})).json()
     assert body["usage"]["completion_tokens"] == 3
 
 
 async def test_chat_stream_with_usage(client: httpx.AsyncClient) -> None:
-    response = await client.post(
-        "/v1/chat/completions",
-        json={**CHAT, "max_tokens": 4, "stream": True, "stream_options": {"include_usage": True}},
-    )
+    response = await client.post("/v1/chat/completions", json={
+        **CHAT, "max_tokens": 4, "stream": True, "stream_options": {"include_usage": True}})
     assert response.status_code == 200
     assert response.headers["content-type"].startswith("text/event-stream")
     events = sse_events(response.text)
@@ -91,9 +86,8 @@ async def test_chat_stream_with_usage(client: httpx.AsyncClient) -> None:
 
 
 async def test_completion_stream_without_usage(client: httpx.AsyncClient) -> None:
-    response = await client.post(
-        "/v1/completions", json={"prompt": ["Hello there"], "max_tokens": 3, "stream": True}
-    )
+    response = await client.post("/v1/completions", json={"prompt": ["Hello there"], "max_tokens": 3,
+                                                          "stream": True})
     events = sse_events(response.text)
     chunks = [orjson.loads(e) for e in events[:-1]]
     assert events[-1] == "[DONE]"
@@ -113,9 +107,8 @@ async def test_stop_string_ends_the_output_before_it(client: httpx.AsyncClient, 
     text = full["choices"][0]["text"]
     words = text.split(" ")[1:]  # the filler is " w1 w2 ...": stop at the fourth word
     stop = " " + words[3]
-    response = await client.post(
-        "/v1/completions", json={"prompt": "x", "max_tokens": 8, "stop": [stop], "stream": stream}
-    )
+    response = await client.post("/v1/completions", json={"prompt": "x", "max_tokens": 8, "stop": [stop],
+                                                          "stream": stream})
     if stream:
         chunks = [orjson.loads(e) for e in sse_events(response.text)[:-1]]
         got = "".join(c["choices"][0]["text"] for c in chunks)
@@ -129,10 +122,8 @@ async def test_stop_string_ends_the_output_before_it(client: httpx.AsyncClient, 
 
 
 async def test_priority_needs_the_priority_policy() -> None:
-    async with (
-        SimFleet(scheduling_policy="priority") as fleet,
-        httpx.AsyncClient(base_url=fleet.urls[0], timeout=10) as client,
-    ):
+    async with SimFleet(scheduling_policy="priority") as fleet, \
+            httpx.AsyncClient(base_url=fleet.urls[0], timeout=10) as client:
         response = await client.post("/v1/completions", json={"prompt": "x", "max_tokens": 2, "priority": -1})
         assert response.status_code == 200
 
@@ -152,9 +143,8 @@ async def test_priority_needs_the_priority_policy() -> None:
         ("/v1/completions", {"prompt": "x", "priority": 1}, 400, "priority"),
     ],
 )
-async def test_errors_answer_in_vllms_shape(
-    client: httpx.AsyncClient, path: str, payload: dict[str, object], status: int, param: str | None
-) -> None:
+async def test_errors_answer_in_vllms_shape(client: httpx.AsyncClient, path: str, payload: dict[str, object],
+                                            status: int, param: str | None) -> None:
     response = await client.post(path, json=payload)
     assert response.status_code == status
     error = response.json()["error"]
@@ -176,16 +166,13 @@ async def test_invalid_json_is_400(client: httpx.AsyncClient, raw: bytes) -> Non
         assert response.json()["error"]["code"] == 400
 
 
-async def _raw_request(
-    url: str, path: str, payload: object
-) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+async def _raw_request(url: str, path: str,
+                       payload: object) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
     host, port = url.removeprefix("http://").split(":")
     reader, writer = await asyncio.open_connection(host, int(port))
     body = orjson.dumps(payload)
-    writer.write(
-        b"POST %s HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
-        b"content-length: %d\r\n\r\n%s" % (path.encode(), len(body), body)
-    )
+    writer.write(b"POST %s HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+                 b"content-length: %d\r\n\r\n%s" % (path.encode(), len(body), body))
     await writer.drain()
     return reader, writer
 
@@ -197,27 +184,21 @@ async def _close(writer: asyncio.StreamWriter) -> None:
 
 @pytest.mark.parametrize("stream", [True, False])
 async def test_disconnect_aborts_and_frees_blocks(stream: bool) -> None:
-    async with (
-        SimFleet(profile="tiny", time_scale=5.0) as fleet,
-        httpx.AsyncClient(base_url=fleet.urls[0], timeout=10) as client,
-    ):
+    async with SimFleet(profile="tiny", time_scale=5.0) as fleet, \
+            httpx.AsyncClient(base_url=fleet.urls[0], timeout=10) as client:
         replica = fleet.replica(0)
-        reader, writer = await _raw_request(
-            fleet.urls[0], "/v1/completions", {"prompt": "hello " * 300, "max_tokens": 2000, "stream": stream}
-        )
+        reader, writer = await _raw_request(fleet.urls[0], "/v1/completions",
+                                            {"prompt": "hello " * 300, "max_tokens": 2000, "stream": stream})
         if stream:
             await reader.readuntil(b"data: ")  # the first token went out
         else:
-
             async def running() -> bool:
                 return replica.stats.num_running == 1 and replica.stats.kv_cache_usage > 0
-
             await eventually(running)
         await _close(writer)
 
         async def freed() -> bool:
             return replica.stats.num_running == 0 and replica.stats.kv_cache_usage == 0.0
-
         await eventually(freed)
         assert await metric(client, "vllm:request_success_total", finished_reason="abort") == 1
         assert await metric(client, "vllm:num_requests_running") == 0
@@ -225,23 +206,19 @@ async def test_disconnect_aborts_and_frees_blocks(stream: bool) -> None:
 
 
 async def test_disconnect_while_queued_aborts() -> None:
-    async with (
-        SimFleet(profile="tiny", max_num_seqs=1, time_scale=5.0) as fleet,
-        httpx.AsyncClient(base_url=fleet.urls[0], timeout=10) as client,
-    ):
+    async with SimFleet(profile="tiny", max_num_seqs=1, time_scale=5.0) as fleet, \
+            httpx.AsyncClient(base_url=fleet.urls[0], timeout=10) as client:
         replica = fleet.replica(0)
         busy = asyncio.ensure_future(client.post("/v1/completions", json={"prompt": "a", "max_tokens": 60}))
         _, writer = await _raw_request(fleet.urls[0], "/v1/completions", {"prompt": "b", "max_tokens": 5})
 
         async def queued() -> bool:
             return replica.stats.num_waiting == 1
-
         await eventually(queued)
         await _close(writer)
 
         async def gone() -> bool:
             return replica.stats.num_waiting == 0
-
         await eventually(gone)
         assert await metric(client, "vllm:request_success_total", finished_reason="abort") == 1
         assert (await busy).status_code == 200

@@ -11,12 +11,8 @@ from simulator.server.metrics import ReplicaMetrics
 from tests.vllm_fixtures import VLLM_FIXTURES
 
 FIXTURES = VLLM_FIXTURES
-HISTOGRAMS = (
-    "vllm:time_to_first_token_seconds",
-    "vllm:inter_token_latency_seconds",
-    "vllm:e2e_request_latency_seconds",
-    "vllm:request_queue_time_seconds",
-)
+HISTOGRAMS = ("vllm:time_to_first_token_seconds", "vllm:inter_token_latency_seconds",
+              "vllm:e2e_request_latency_seconds", "vllm:request_queue_time_seconds")
 
 
 @dataclass(frozen=True)
@@ -43,14 +39,10 @@ class Clock:
 
 
 def make(stats: list[Stats], max_loras: int = 0) -> ReplicaMetrics:
-    return ReplicaMetrics(
-        "tiny-llama",
-        lambda: stats[0],
-        max_loras=max_loras,
-        time_scale=10.0,
-        cache_config={"block_size": "16", "num_gpu_blocks": "64", "enable_prefix_caching": "True"},
-        wall_clock=Clock(),
-    )
+    return ReplicaMetrics("tiny-llama", lambda: stats[0], max_loras=max_loras, time_scale=10.0,
+                          cache_config={"block_size": "16", "num_gpu_blocks": "64",
+                                        "enable_prefix_caching": "True"},
+                          wall_clock=Clock())
 
 
 def samples(text: str) -> dict[str, list[Sample]]:
@@ -71,21 +63,11 @@ def test_every_required_series_with_vllm_types_and_labels() -> None:
     metrics.record_finished("abort", arrival=1.0, first_scheduled=None, first_token=None, finished=1.2)
     text = metrics.render().decode()
     kinds = types(text)
-    for name in (
-        "vllm:num_requests_running",
-        "vllm:num_requests_waiting",
-        "vllm:kv_cache_usage_perc",
-        "vllm:cache_config_info",
-    ):
+    for name in ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
+                 "vllm:cache_config_info"):
         assert kinds[name] == "gauge"
-    for name in (
-        "vllm:prefix_cache_queries",
-        "vllm:prefix_cache_hits",
-        "vllm:num_preemptions",
-        "vllm:prompt_tokens",
-        "vllm:generation_tokens",
-        "vllm:request_success",
-    ):
+    for name in ("vllm:prefix_cache_queries", "vllm:prefix_cache_hits", "vllm:num_preemptions",
+                 "vllm:prompt_tokens", "vllm:generation_tokens", "vllm:request_success"):
         assert kinds[name] == "counter"
     for name in HISTOGRAMS:
         assert kinds[name] == "histogram"
@@ -136,8 +118,7 @@ def test_lora_info_keeps_one_timestamped_series_per_combination() -> None:
     metrics = make(stats, max_loras=1)
     first = samples(metrics.render().decode())["vllm:lora_requests_info"]
     assert [(s.labels, s.value) for s in first] == [
-        ({"max_lora": "1", "running_lora_adapters": "a", "waiting_lora_adapters": "b"}, 1002.0)
-    ]
+        ({"max_lora": "1", "running_lora_adapters": "a", "waiting_lora_adapters": "b"}, 1002.0)]
     stats[0] = replace(stats[0], running_adapters=("b", "a"), waiting_adapters=())
     second = samples(metrics.render().decode())["vllm:lora_requests_info"]
     newest = max(second, key=lambda s: s.value)

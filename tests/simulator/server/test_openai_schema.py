@@ -28,12 +28,7 @@ def test_chat_defaults() -> None:
     assert params.messages == (ChatMessage("user", "hi"),)
     assert params.max_tokens == DEFAULT_MAX_TOKENS == 16
     assert (params.stream, params.include_usage, params.stop, params.priority, params.seed) == (
-        False,
-        False,
-        (),
-        0,
-        None,
-    )
+        False, False, (), 0, None)
 
 
 @pytest.mark.parametrize(
@@ -57,19 +52,10 @@ def test_chat_fields(extra: dict[str, object], field: str, expected: object) -> 
 
 
 def test_chat_content_parts_are_joined() -> None:
-    params = parse_chat(
-        body(
-            {
-                "messages": [
-                    {"role": "system", "content": None},
-                    {
-                        "role": "user",
-                        "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}],
-                    },
-                ]
-            }
-        )
-    )
+    params = parse_chat(body({"messages": [
+        {"role": "system", "content": None},
+        {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},
+    ]}))
     assert params.messages == (ChatMessage("system", ""), ChatMessage("user", "a\nb"))
     assert params.model is None
 

@@ -13,10 +13,8 @@ from tests.simulator.scrape import metric, scrape, value
 
 async def test_a_repeated_long_prompt_hits_the_prefix_cache() -> None:
     prompt = "The quick brown fox jumps over the lazy dog. " * 200  # ~2,000 tokens
-    async with (
-        SimFleet(profile="tiny") as fleet,
-        httpx.AsyncClient(base_url=fleet.urls[0], timeout=10) as client,
-    ):
+    async with SimFleet(profile="tiny") as fleet, \
+            httpx.AsyncClient(base_url=fleet.urls[0], timeout=10) as client:
         first = (await client.post("/v1/completions", json={"prompt": prompt, "max_tokens": 1})).json()
         after_first = await scrape(client)
         second = (await client.post("/v1/completions", json={"prompt": prompt, "max_tokens": 1})).json()
@@ -38,10 +36,8 @@ async def test_a_repeated_long_prompt_hits_the_prefix_cache() -> None:
 
 
 async def test_a_full_kv_cache_queues_and_preempts() -> None:
-    async with (
-        SimFleet(profile="tiny", kv_blocks=64, time_scale=0.5) as fleet,
-        httpx.AsyncClient(base_url=fleet.urls[0], timeout=30) as client,
-    ):
+    async with SimFleet(profile="tiny", kv_blocks=64, time_scale=0.5) as fleet, \
+            httpx.AsyncClient(base_url=fleet.urls[0], timeout=30) as client:
         prompt = "word " * 200  # distinct first blocks below: no prefix sharing between the requests
         waiting_seen = 0.0
 
@@ -52,12 +48,9 @@ async def test_a_full_kv_cache_queues_and_preempts() -> None:
                 await asyncio.sleep(0.005)
 
         watcher = asyncio.ensure_future(watch())
-        responses = await asyncio.gather(
-            *(
-                client.post("/v1/completions", json={"prompt": f"{i} {prompt}", "max_tokens": 150})
-                for i in range(8)
-            )
-        )
+        responses = await asyncio.gather(*(
+            client.post("/v1/completions", json={"prompt": f"{i} {prompt}", "max_tokens": 150})
+            for i in range(8)))
         watcher.cancel()
         assert [r.status_code for r in responses] == [200] * 8
         assert all(r.json()["usage"]["completion_tokens"] == 150 for r in responses)
@@ -69,14 +62,11 @@ async def test_a_full_kv_cache_queues_and_preempts() -> None:
 
 async def test_max_loras_one_runs_one_adapter_at_a_time() -> None:
     fleet = SimFleet(profile="tiny", max_loras=1, adapters=("lora-a", "lora-b"), time_scale=0.5)
-    async with fleet, httpx.AsyncClient(base_url=fleet.urls[0], timeout=30) as client:
-        responses = await asyncio.gather(
-            *(
-                client.post("/v1/completions", json={"model": name, "prompt": f"hi {i}", "max_tokens": 20})
-                for i in range(4)
-                for name in ("lora-a", "lora-b")
-            )
-        )
+    async with fleet, \
+            httpx.AsyncClient(base_url=fleet.urls[0], timeout=30) as client:
+        responses = await asyncio.gather(*(
+            client.post("/v1/completions", json={"model": name, "prompt": f"hi {i}", "max_tokens": 20})
+            for i in range(4) for name in ("lora-a", "lora-b")))
         assert [r.status_code for r in responses] == [200] * 8
         assert {r.json()["model"] for r in responses} == {"lora-a", "lora-b"}
         series = (await scrape(client))["vllm:lora_requests_info"]

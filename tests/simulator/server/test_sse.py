@@ -18,7 +18,7 @@ def events(raw: bytes) -> list[bytes]:
     for block in raw.split(b"\n\n"):
         if block:
             assert block.startswith(b"data: ")
-            out.append(block[len(b"data: ") :])
+            out.append(block[len(b"data: "):])
     return out
 
 
@@ -41,9 +41,8 @@ def build_stream(t: ChunkTemplates, pieces: list[str], finish: str, usage: tuple
     return b"".join(out)
 
 
-@pytest.mark.parametrize(
-    ("kind", "fixture"), [("chat", "chat_stream.sse"), ("completion", "completion_stream.sse")]
-)
+@pytest.mark.parametrize(("kind", "fixture"),
+                         [("chat", "chat_stream.sse"), ("completion", "completion_stream.sse")])
 def test_stream_matches_the_fixture_shape(kind: str, fixture: str) -> None:
     theirs = events((FIXTURES / fixture).read_bytes())
     t = ChunkTemplates(kind, "x-1", 1796208837, "tiny-llama")  # type: ignore[arg-type]
@@ -58,12 +57,8 @@ def test_stream_matches_the_fixture_shape(kind: str, fixture: str) -> None:
     usage_ours, usage_theirs = parsed_ours[-1], parsed_theirs[-1]
     assert usage_ours["choices"] == usage_theirs["choices"] == []
     assert set(usage_ours) == set(usage_theirs)
-    assert usage_ours["usage"] == {
-        "prompt_tokens": 25,
-        "completion_tokens": 3,
-        "total_tokens": 28,
-        "prompt_tokens_details": {"cached_tokens": 16},
-    }
+    assert usage_ours["usage"] == {"prompt_tokens": 25, "completion_tokens": 3, "total_tokens": 28,
+                                   "prompt_tokens_details": {"cached_tokens": 16}}
 
 
 def test_text_round_trips_through_the_template() -> None:

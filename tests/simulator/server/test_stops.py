@@ -17,9 +17,8 @@ from simulator.server.stops import StopMatcher
         (("e o",), [" the", " of"], 1, " th", "e o"),
     ],
 )
-def test_first_stop_string_wins(
-    stops: tuple[str, ...], pieces: list[str], stopped_at: int | None, text: str, matched: str | None
-) -> None:
+def test_first_stop_string_wins(stops: tuple[str, ...], pieces: list[str], stopped_at: int | None, text: str,
+                                matched: str | None) -> None:
     matcher = StopMatcher(stops)
     hits = [matcher.feed(p) for p in pieces]
     assert (hits.index(True) if True in hits else None) == stopped_at
