@@ -1,13 +1,14 @@
 """Where the admin API's changes are kept: this process (`memory://`) or Redis (shared, persistent).
 
-Redis layout (`{p}` = `state.key_prefix`):
+Redis layout (`{p}` = `state.key_prefix`; the `{admin}` hash tag keeps them on one Redis Cluster
+shard, so the MULTIs below work there too):
 
-    {p}admin:keys         hash   key hash -> KeyRecord JSON (created through the API, or revoked)
-    {p}admin:key_names    hash   "<tenant>/<name>" -> key hash of the live API key with that name
-    {p}admin:tenants      hash   tenant name -> TenantPatch JSON
-    {p}admin:generation   int    +1 on every change
-    {p}admin:gateways     hash   gateway id -> "<generation applied> <Unix time>" (heartbeats)
-    {p}admin:changed      pub/sub channel: the new generation, published after every change
+    {p}{admin}:keys         hash   key hash -> KeyRecord JSON (created through the API, or revoked)
+    {p}{admin}:key_names    hash   "<tenant>/<name>" -> key hash of the live API key with that name
+    {p}{admin}:tenants      hash   tenant name -> TenantPatch JSON
+    {p}{admin}:generation   int    +1 on every change
+    {p}{admin}:gateways     hash   gateway id -> "<generation applied> <Unix time>" (heartbeats)
+    {p}{admin}:changed      pub/sub channel: the new generation, published after every change
 
 A change is one MULTI (the record and INCR of the generation) and a PUBLISH; a reload is one MULTI
 reading the generation and both hashes, so what a gateway applies is always one consistent state.
@@ -122,7 +123,7 @@ class RedisPolicyStore:
     def __init__(self, client: aioredis.Redis, *, key_prefix: str, timeout_s: float) -> None:
         self._r = client
         self._timeout_s = timeout_s
-        p = key_prefix + "admin:"
+        p = key_prefix + "{admin}:"
         self.keys_key, self.names_key, self.tenants_key = p + "keys", p + "key_names", p + "tenants"
         self.gen_key, self.gateways_key, self.channel = p + "generation", p + "gateways", p + "changed"
 

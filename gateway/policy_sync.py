@@ -4,13 +4,13 @@ gateway sharing the store, without a store call on the request path.
 The request path reads an in-process `TenantRegistry` (keys by hash, tenants by name) and nothing
 else. This module rebuilds and swaps it (`apply`) whenever the store's generation moves:
 
-- at once when a change is published (Redis pub/sub, `{p}admin:changed`): the message is only a
+- at once when a change is published (Redis pub/sub, `{p}{admin}:changed`): the message is only a
   nudge, the gateway reloads the whole state in one MULTI, so a message can never be misapplied;
 - every `state.resync_interval_s` otherwise: the generation is read and, if it differs from the one
   applied (a lost message, a dropped subscription, a Redis restart), the state is reloaded. So a
   change reaches every gateway within the pub/sub delay (milliseconds) normally, and within
   `resync_interval_s` if a message is lost. After each apply, and at each resync, the gateway writes
-  a heartbeat with the generation it serves (`{p}admin:gateways`).
+  a heartbeat with the generation it serves (`{p}{admin}:gateways`).
 - the gateway that made a change applies it before answering, then (`propagate`) waits up to
   `state.propagation_timeout_s` until every live gateway (a heartbeat within 3 resync intervals)
   reports that generation, and says which did: a key created or revoked through the API answers

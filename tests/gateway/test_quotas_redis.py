@@ -169,8 +169,8 @@ async def test_a_key_made_on_one_gateway_works_at_once_on_the_other_and_a_revoke
                 revoked_by="t",
             )
             async with raw.pipeline(transaction=True) as tx:
-                tx.hset("kvgate:admin:keys", revoke.hash, revoke.dumps())
-                tx.incr("kvgate:admin:generation")
+                tx.hset("kvgate:{admin}:keys", revoke.hash, revoke.dumps())
+                tx.incr("kvgate:{admin}:generation")
                 await tx.execute()
             async with asyncio.timeout(5):  # resync_interval_s is 0.5
                 while await ask(b, "sk-test-acme") != 401:  # noqa: ASYNC110
