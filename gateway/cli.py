@@ -17,6 +17,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "serve": ("gateway.commands.serve", "run kvgate in front of the replicas in a config file"),
     "check-config": ("gateway.commands.check_config", "validate a config file"),
     "hash-key": ("gateway.commands.hash_key", "print the hashed form of an API key for the config"),
+    "usage": ("gateway.commands.usage", "print the usage ledger of a running gateway as a table (or CSV)"),
     "sim": ("simulator.cli", "serve a simulated vLLM fleet"),
     "bench": ("gateway.commands.bench", "compare routing policies side by side on a simulated fleet"),
 }

@@ -15,6 +15,14 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from gateway.config_discovery import DiscoveryConfig
+from gateway.config_tenancy import (
+    AdminKeyConfig,
+    KeyConfig,
+    LedgerConfig,
+    QuotaConfig,
+    check_key_hash,
+    unique_quota_names,
+)
 from gateway.upstream.address import parse_replica_url
 
 
@@ -191,24 +199,52 @@ class TenantConfig(_Strict):
     priority: Literal["critical", "standard", "sheddable"] = "standard"
     weight: float = Field(1.0, gt=0)
     models: tuple[str, ...] | None = None  # allow-list; "base:*" means any adapter of base
+    quotas: tuple[QuotaConfig, ...] = ()
+    keys: tuple[KeyConfig, ...] = ()  # named keys (`api_keys` are keys without a name)
 
     @field_validator("api_keys")
     @classmethod
     def _hashed(cls, keys: tuple[str, ...]) -> tuple[str, ...]:
         for k in keys:
-            hexpart = k.removeprefix("sha256:")
-            if (
-                not k.startswith("sha256:")
-                or len(hexpart) != 64
-                or any(c not in "0123456789abcdef" for c in hexpart)
-            ):
-                raise ValueError("api keys are stored hashed: 'sha256:' + 64 lowercase hex digits")
+            check_key_hash(k)
         return keys
+
+    @field_validator("quotas")
+    @classmethod
+    def _quota_names(cls, v: tuple[QuotaConfig, ...]) -> tuple[QuotaConfig, ...]:
+        return unique_quota_names(v)
+
+    @field_validator("keys")
+    @classmethod
+    def _unique_keys(cls, keys: tuple[KeyConfig, ...]) -> tuple[KeyConfig, ...]:
+        names = [k.name for k in keys]
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            raise ValueError(f"duplicate key names {dup}")
+        return keys
+
+    def key_hashes(self) -> list[str]:
+        return [*self.api_keys, *(k.hash for k in self.keys)]
 
 
 class AuthConfig(_Strict):
     anonymous_tenant: str | None = None  # requests without a key run as this tenant
-    admin_keys: tuple[str, ...] = ()  # hashed like tenant keys; guards /admin/...
+    # hashed like tenant keys; guards /admin/...; a plain hash or {name, hash}
+    admin_keys: tuple[str | AdminKeyConfig, ...] = ()
+
+    @field_validator("admin_keys")
+    @classmethod
+    def _admins(cls, keys: tuple[str | AdminKeyConfig, ...]) -> tuple[str | AdminKeyConfig, ...]:
+        names = []
+        for k in keys:
+            if isinstance(k, str):
+                check_key_hash(k)
+            else:
+                names.append(k.name)
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            raise ValueError(f"duplicate admin key names {dup}")
+        return keys
 
 
 class StateConfig(_Strict):
@@ -219,6 +255,10 @@ class StateConfig(_Strict):
     gateways: int = Field(1, ge=1)  # fail-open share: each gateway gets 1/gateways of a limit
     probe_min_s: float = Field(0.25, gt=0)  # while Redis is down: first re-probe after this...
     probe_max_s: float = Field(5.0, gt=0)  # ...doubling up to this
+    # Keys and tenant changes made through the admin API reach the other gateways by pub/sub at once,
+    # and by a resync this often if a message was lost (gateway/policy_sync.py).
+    resync_interval_s: float = Field(5.0, gt=0)
+    propagation_timeout_s: float = Field(2.0, ge=0)  # an admin change waits this long for every gateway
 
     @field_validator("store")
     @classmethod
@@ -280,6 +320,7 @@ class Config(_Strict):
     auth: AuthConfig = AuthConfig()
     state: StateConfig = StateConfig()
     flow_control: FlowControlConfig = FlowControlConfig()
+    ledger: LedgerConfig = LedgerConfig()
 
     @model_validator(mode="after")
     def _consistent(self) -> Config:
@@ -291,7 +332,7 @@ class Config(_Strict):
         dup = {n for n in tenants if tenants.count(n) > 1}
         if dup:
             raise ValueError(f"tenants: duplicate tenant names {sorted(dup)}")
-        keys = [k for t in self.tenants for k in t.api_keys]
+        keys = [k for t in self.tenants for k in t.key_hashes()]
         if len(keys) != len(set(keys)):
             raise ValueError("tenants: the same api key is given to more than one tenant")
         anon = self.auth.anonymous_tenant

@@ -41,6 +41,7 @@ class Gateway:
         config: Config,
         clock: Callable[[], float] = time.monotonic,
         rng: random.Random | None = None,
+        wall_clock: Callable[[], float] = time.time,
     ) -> None:
         self.config = config
         self.clock = clock
@@ -52,7 +53,7 @@ class Gateway:
         # The membership API beside the static list: discovery sources, and a reload, go through it.
         self.discovery = Discovery(config.discovery, self.fleet, config.replicas, clock)
         self.router = Router(config, self.rng)
-        self.tenancy = Tenancy(config, self.fleet, self.metrics, clock)
+        self.tenancy = Tenancy(config, self.fleet, self.metrics, clock, wall_clock)
         self.session_header = config.scheduling.session_header.lower().encode("latin-1")
         self.fleet.add_listener(self._on_fleet_change)
         self.metrics.add_callback(self._collect_fleet_gauges)

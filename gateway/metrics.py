@@ -111,6 +111,7 @@ class GatewayMetrics:
         )
         self.in_flight = Gauge("kvgate_requests_in_flight", "Requests being answered right now.", registry=r)
         self._tenant_metrics(r)
+        self._quota_metrics(r)
 
     def _tenant_metrics(self, r: CollectorRegistry) -> None:
         """Tenants, rate limits and flow control. Queue depth, bucket levels and per-tenant in-flight
@@ -168,6 +169,39 @@ class GatewayMetrics:
         self._status: dict[tuple[str, int], Any] = {}
         self._tokens: dict[tuple[str, str], tuple[Any, Any, Any]] = {}
         self._replica: dict[str, Any] = {}
+
+    def _quota_metrics(self, r: CollectorRegistry) -> None:
+        """Quotas, the usage ledger and the admin API. Quota use and the ledger's pending records are
+        gauges computed at scrape time by their owners."""
+        self.quota_warnings = Counter(
+            "kvgate_quota_warnings",
+            "Quotas whose warn_at level was crossed, once per window across the gateways sharing the "
+            "store (counted by the gateway that crossed it), by tenant, key (- for the tenant's own) "
+            "and quota.",
+            ["tenant", "key", "quota"],
+            registry=r,
+        )
+        self.ledger_flushes = Counter(
+            "kvgate_ledger_flushes", "Batches of settled usage written to the ledger store.", registry=r
+        )
+        self.ledger_flush_errors = Counter(
+            "kvgate_ledger_flush_errors",
+            "Ledger flushes that failed (the batch is kept and retried; nothing is dropped).",
+            registry=r,
+        )
+        self.admin_calls = Counter(
+            "kvgate_admin_calls",
+            "Admin API calls, by admin key name (unknown: refused before one was known), method and status.",
+            ["admin", "method", "status"],
+            registry=r,
+        )
+        self.policy_syncs = Counter(
+            "kvgate_policy_syncs",
+            "Times this gateway reloaded the admin API's changes from the store, by why (message, "
+            "resync, change).",
+            ["reason"],
+            registry=r,
+        )
 
     def for_model(self, model: str) -> ModelChildren:
         c = self._by_model.get(model)

@@ -1,17 +1,21 @@
-"""Per-tenant rate limits over a bucket store: reserve at admission, settle when the response ends.
+"""Per-tenant rate limits and quotas over a limit store: reserve at admission, settle at the end.
 
 A request reserves 1 from the tenant's requests bucket (rpm) and its estimated prompt tokens plus its
-output cap from the tokens bucket (tpm), both or neither, in one store call. Refusals:
+output cap from the tokens bucket (tpm) — and the same from its key's buckets, and its share of every
+quota counter it meets (`gateway/quotas.py`) — all or nothing, in one store call. Refusals:
 
 - 429 `rate_limit_error` (code `rate_limit_exceeded`) naming the limit(s) hit, with `Retry-After` =
   the seconds until the bucket holds enough (whole, rounded up) and the `x-ratelimit-*` headers;
 - 400 `invalid_request_error` (code `request_too_large`) when the reservation is larger than the
   bucket can EVER hold: waiting never helps, so no Retry-After is given, and a 400 stops the
   automatic 429 retries of OpenAI's SDKs, which would otherwise spin on a request that cannot pass;
-- 503 `overloaded_error` when the store is down and the failure mode is fail-closed.
+- 503 `overloaded_error` when the store is down and the failure mode is fail-closed;
+- a quota: 429 `insufficient_quota` or 400 `request_too_large` (`gateway/quotas.py`).
 
 Headers (`x-ratelimit-{limit,remaining,reset}-{requests,tokens}`) describe each bucket after this
 request's reservation: limit = bucket capacity (the per-minute limit unless a burst is configured).
+A tenant's and its key's bucket of one kind share the header names: the one with less left is shown.
+`x-kvgate-quota-*` describe the tightest quota.
 
 Bucket levels seen in replies are kept per tenant (with the local time they were seen) for the
 scrape-time gauge; with Redis they are what THIS gateway last saw, refilled to now.
@@ -21,17 +25,20 @@ from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import Callable, Coroutine, Iterable
+import time
+from collections.abc import Callable, Coroutine, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from prometheus_client.core import GaugeMetricFamily, Metric
 
+from gateway import quotas
 from gateway.errors import GatewayError
 from gateway.metrics import GatewayMetrics
+from gateway.quotas import NO_PLAN, QuotaPlan
 from gateway.stores.base import Bucket, BucketStore, Level, StoreUnavailable, Take
 from gateway.stores.memory import MemoryBucketStore
-from gateway.tenants import Tenant
+from gateway.tenants import NO_KEY, Tenant
 from policies.ratelimit_headers import limit_headers
 from policies.retry_after import retry_after_from_bucket
 from policies.types import RequestInfo
@@ -42,26 +49,37 @@ _PER_MINUTE = {"requests": "requests per minute (RPM)", "tokens": "tokens per mi
 
 @dataclass(frozen=True, slots=True)
 class Reservation:
-    """What one admitted request took: `amounts[i]` from `buckets[i]`, in the store `source`;
-    `take` is the store's answer (levels after the take), kept for `refunded_headers`."""
+    """What one admitted request took: `amounts[i]` from `buckets[i]` and `quota.amounts[j]` from its
+    quota counters, in the store `source`; `take` is the store's answer (levels after the take),
+    kept for `refunded_headers`; `at` the wall-clock time it was taken."""
 
     buckets: tuple[Bucket, ...]
     amounts: tuple[float, ...]
     source: str
     take: Take
+    quota: QuotaPlan = NO_PLAN
+    at: float = 0.0
 
 
 class RateLimiter:
     """Reserve/settle against one store. One event loop; background refunds are tracked tasks."""
 
-    def __init__(self, store: BucketStore, metrics: GatewayMetrics, clock: Callable[[], float]) -> None:
+    def __init__(
+        self,
+        store: BucketStore,
+        metrics: GatewayMetrics,
+        clock: Callable[[], float],
+        wall_clock: Callable[[], float] = time.time,
+    ) -> None:
         self.store = store
         self._m = metrics
         self._clock = clock
+        self.wall_clock = wall_clock
         # The memory store never yields inside a call, so no cancellation can land in the middle of
         # one; any other store's take is shielded so a cancelled request can give back what it got.
         self._yields = not isinstance(store, MemoryBucketStore)
         self._seen: dict[tuple[str, str], tuple[float, float]] = {}  # -> (level, local time)
+        self._warned: dict[tuple[str, str, str], Any] = {}  # metric children by (tenant, key, quota)
         self._tasks: set[asyncio.Task[Any]] = set()
 
     async def start(self) -> None:
@@ -76,10 +94,20 @@ class RateLimiter:
         """Take the request's reservation or raise GatewayError (429/400/503) as the module says."""
         buckets = tenant.buckets
         amounts = tuple(1.0 if b.kind == "requests" else float(info.reserved_tokens) for b in buckets)
+        now = 0.0
+        qp = NO_PLAN
+        if tenant.quotas:
+            now = self.wall_clock()
+            try:
+                qp = quotas.plan(tenant.quotas, info, now)
+            except GatewayError:
+                self._m.rejections.labels(tenant.name, "too_large").inc()
+                raise
         try:
-            take = await (
-                self._take_shielded(buckets, amounts) if self._yields else self.store.take(buckets, amounts)
-            )
+            if self._yields:
+                take = await self._take_shielded(buckets, amounts, qp)
+            else:
+                take = await self.store.take(buckets, amounts, qp.counters, qp.amounts)
         except StoreUnavailable as err:
             self._m.rejections.labels(tenant.name, "store_unavailable").inc()
             retry = max(1, math.ceil(err.retry_after_s))
@@ -90,19 +118,58 @@ class RateLimiter:
                 headers=((b"retry-after", str(retry).encode()),),
             ) from None
         self._remember(buckets, take.levels)
-        headers = _headers(buckets, take)
+        merge = tenant.key is not None and bool(tenant.key.buckets)
+        headers = _headers(buckets, take, merge)
+        if qp.quotas:
+            headers += quotas.headers(qp, take.used, now)
+            if take.crossed:
+                self._crossed(qp, take.crossed, take.used, now)
         if not take.allowed:
+            if take.counter_limiting and not take.too_large:
+                self._m.rejections.labels(tenant.name, "quota").inc()
+                wait_s = take.retry_after_s if take.limiting else 0.0
+                bucket_headers = _headers(buckets, take, merge)
+                raise quotas.refusal(qp, take.used, take.counter_limiting, now, wait_s, bucket_headers)
             raise self._refusal(tenant, info, buckets, amounts, take, headers)
-        return Reservation(buckets, amounts, take.source, take), headers
+        return Reservation(buckets, amounts, take.source, take, qp, now), headers
 
     async def settle(self, res: Reservation, requests: int, tokens: int) -> None:
         """Reconcile: the request used `requests` (0 or 1) and `tokens`. Nothing to do, no call."""
         actual = tuple(float(requests) if b.kind == "requests" else float(tokens) for b in res.buckets)
-        if actual == res.amounts:
+        qp = res.quota
+        if qp.quotas:
+            # Only the counters whose use differs from their reservation: settling the others
+            # changes nothing (and cannot cross a warning), so they cost no store work.
+            used = [q.charged(requests, tokens) for q in qp.quotas]
+            keep = [i for i, (u, r) in enumerate(zip(used, qp.amounts, strict=True)) if u != r]
+            q_actual = tuple(used[i] for i in keep)
+            if len(keep) < len(used):
+                qp = QuotaPlan(
+                    tuple(qp.quotas[i] for i in keep),
+                    tuple(qp.counters[i] for i in keep),
+                    tuple(qp.amounts[i] for i in keep),
+                )
+        else:
+            q_actual = ()
+        if actual == res.amounts and not q_actual:
             return
-        levels = await self.store.settle(res.buckets, res.amounts, actual, res.source)
-        if levels is not None:
-            self._remember(res.buckets, tuple(lv.level for lv in levels))
+        settled = await self.store.settle(
+            res.buckets, res.amounts, actual, res.source, qp.counters, qp.amounts, q_actual
+        )
+        if settled is not None:
+            self._remember(res.buckets, tuple(lv.level for lv in settled.levels))
+            if settled.crossed:
+                self._crossed(qp, settled.crossed, settled.used, self.wall_clock())
+
+    def _crossed(self, qp: QuotaPlan, crossed: Sequence[int], used: Sequence[float], now: float) -> None:
+        for i in crossed:
+            q = qp.quotas[i]
+            labels = (q.tenant, q.key or NO_KEY, q.name)
+            child = self._warned.get(labels)
+            if child is None:
+                child = self._warned[labels] = self._m.quota_warnings.labels(*labels)
+            child.inc()
+            quotas.report_crossing(q, used[i], now)
 
     @staticmethod
     def refunded_headers(res: Reservation) -> Headers:
@@ -116,6 +183,11 @@ class RateLimiter:
         ):
             refill = b.spec.refill_per_s * cap / b.spec.capacity  # a fail-open share refills its share
             out += limit_headers(b.kind, cap, min(cap, level + amount), max(0.0, reset - amount / refill))
+        if any(b.key is not None for b in res.buckets):
+            out = _tightest(out)
+        qp = res.quota
+        if qp.quotas and len(take.used) == len(qp.quotas):
+            out += quotas.headers(qp, [u - a for u, a in zip(take.used, qp.amounts, strict=True)], res.at)
         return out
 
     def refund_later(self, res: Reservation) -> None:
@@ -130,27 +202,29 @@ class RateLimiter:
     async def peek(self, tenant: Tenant) -> tuple[tuple[Level, ...], str]:
         return await self.store.peek(tenant.buckets)
 
-    async def _take_shielded(self, buckets: tuple[Bucket, ...], amounts: tuple[float, ...]) -> Take:
-        inner = asyncio.ensure_future(self.store.take(buckets, amounts))
+    async def _take_shielded(
+        self, buckets: tuple[Bucket, ...], amounts: tuple[float, ...], qp: QuotaPlan
+    ) -> Take:
+        inner = asyncio.ensure_future(self.store.take(buckets, amounts, qp.counters, qp.amounts))
         try:
             return await asyncio.shield(inner)
         except asyncio.CancelledError:
-            inner.add_done_callback(lambda t: self._give_back(t, buckets, amounts))
+            inner.add_done_callback(lambda t: self._give_back(t, buckets, amounts, qp))
             raise
 
     def _give_back(
-        self, t: asyncio.Future[Take], buckets: tuple[Bucket, ...], amounts: tuple[float, ...]
+        self, t: asyncio.Future[Take], buckets: tuple[Bucket, ...], amounts: tuple[float, ...], qp: QuotaPlan
     ) -> None:
         if t.cancelled() or t.exception() is not None:
             return
         take = t.result()
         if take.allowed:
-            self.spawn(self.settle(Reservation(buckets, amounts, take.source, take), 0, 0))
+            self.spawn(self.settle(Reservation(buckets, amounts, take.source, take, qp), 0, 0))
 
     def _remember(self, buckets: tuple[Bucket, ...], levels: tuple[float, ...]) -> None:
         now = self._clock()
         for b, level in zip(buckets, levels, strict=True):
-            self._seen[(b.tenant, b.kind)] = (level, now)
+            self._seen[(b.tenant, b.name)] = (level, now)
 
     def collect(self, tenants: Iterable[Tenant]) -> Iterable[Metric]:
         """Bucket levels as last seen by this gateway, refilled to now (scrape-time gauge)."""
@@ -162,8 +236,8 @@ class RateLimiter:
         )
         now = self._clock()
         for t in tenants:
-            for b in t.buckets:
-                seen = self._seen.get((b.tenant, b.kind))
+            for b in t.tenant_buckets:
+                seen = self._seen.get((b.tenant, b.name))
                 level = b.spec.capacity
                 if seen is not None:
                     level = min(b.spec.capacity, seen[0] + max(0.0, now - seen[1]) * b.spec.refill_per_s)
@@ -185,7 +259,7 @@ class RateLimiter:
             i = next(i for i in take.limiting if amounts[i] > take.capacities[i])
             return GatewayError(
                 400,
-                f"Request too large for tenant '{name}' on {_PER_MINUTE[buckets[i].kind]}: "
+                f"Request too large for {_owner(tenant, buckets[i])} on {_PER_MINUTE[buckets[i].kind]}: "
                 f"{_limit_text(tenant, buckets[i], take.capacities[i])}, requested {int(amounts[i])} "
                 f"({info.prompt_tokens} prompt + {info.max_tokens} max output tokens). "
                 "Reduce the prompt or max_tokens.",
@@ -203,7 +277,7 @@ class RateLimiter:
         ]
         return GatewayError(
             429,
-            f"Rate limit reached for tenant '{name}' "
+            f"Rate limit reached for {_owner(tenant, buckets[take.limiting[0]])} "
             + "; ".join(parts)
             + f". Please try again in {retry}s.",
             code="rate_limit_exceeded",
@@ -211,16 +285,40 @@ class RateLimiter:
         )
 
 
+def _owner(tenant: Tenant, b: Bucket) -> str:
+    return f"tenant '{tenant.name}'" if b.key is None else f"key '{b.key}' of tenant '{tenant.name}'"
+
+
 def _limit_text(tenant: Tenant, b: Bucket, capacity: float) -> str:
-    per_minute = tenant.rpm if b.kind == "requests" else tenant.tpm
+    src = tenant.key if b.key is not None and tenant.key is not None else tenant
+    per_minute = src.rpm if b.kind == "requests" else src.tpm
     text = f"limit {per_minute} per minute"
     if per_minute is None or capacity != per_minute:
         text += f" (bucket holds {capacity:g})"
     return text
 
 
-def _headers(buckets: tuple[Bucket, ...], take: Take) -> Headers:
+def _headers(buckets: tuple[Bucket, ...], take: Take, merge: bool) -> Headers:
+    """The buckets' `x-ratelimit-*`; `merge` when a key's buckets join its tenant's (one set per kind)."""
     out: Headers = []
     for b, cap, level, reset in zip(buckets, take.capacities, take.levels, take.reset_s, strict=True):
         out += limit_headers(b.kind, cap, level, reset)
-    return out
+    return _tightest(out) if merge else out
+
+
+def _tightest(headers: Headers) -> Headers:
+    """One header set per kind: where a tenant's and its key's bucket both gave one, the one with
+    less remaining (the limit the client will meet first)."""
+    best: dict[bytes, tuple[int, Headers]] = {}
+    rest: Headers = []
+    for i in range(len(headers)):
+        name = headers[i][0]
+        if name.startswith(b"x-ratelimit-limit-"):
+            kind = name.removeprefix(b"x-ratelimit-limit-")
+            trio = headers[i : i + 3]
+            left = int(trio[1][1])
+            if kind not in best or left < best[kind][0]:
+                best[kind] = (left, trio)
+        elif not name.startswith(b"x-ratelimit-"):
+            rest.append(headers[i])
+    return [h for _, trio in best.values() for h in trio] + rest

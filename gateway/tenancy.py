@@ -1,42 +1,37 @@
-"""Who is asking, and may they go now: authentication, allow-lists, rate limits, flow control.
+"""Who is asking, and may they go now: the seam between the proxy and tenant policy.
 
-The seam between the proxy and tenant policy. Per request, in this order:
+Per request, in this order:
 
-1. `authenticate` (sync): `Authorization: Bearer KEY` -> Tenant, or 401. Open gateway (no tenants
-   configured): everyone is the unlimited anonymous tenant and nothing below touches a store.
+1. `authenticate` (sync): `Authorization: Bearer KEY` -> the principal (a tenant, as it applies to
+   that key), or 401. Open gateway (no tenants configured): everyone is the unlimited anonymous
+   tenant and nothing below touches a store. The key table is in process (`TenantRegistry`), kept
+   in step with the admin API's changes by `gateway/policy_sync.py`: no store call.
 2. `check_model` (sync): the tenant's allow-list, or 403.
 3. `admit`: band from the tenant's default or `x-kvgate-priority` (lower only; unknown -> 400);
-   `max_concurrency` (429); the rate limit reservation (one store call; 429/400/503); then flow
-   control (`AdmissionQueue`: start, wait, or 503). Rate limits come BEFORE the queue: a client over
-   its limit is told at once instead of after waiting, and never holds a queue slot.
-4. `settle(admitted, usage, outcome)` exactly once when the response has ended, whatever happened.
-
-What a request is charged when it ends (`charge_for`):
-
-- the replica reported usage: `prompt_tokens + completion_tokens`, 1 request;
-- no usage, but a replica was working on it (the stream broke, or the client left mid-stream or
-  while the replica was prefilling): the best estimate, prompt tokens (the admission estimate, exact
-  with a tokenizer) + one token per SSE event relayed (the role chunk counts as one, so this may
-  over-charge by one), at most the output cap reserved (a replica cannot be made to charge more than
-  the request could produce), 1 request;
-- a replica answered an error status itself (4xx/5xx passed through): 0 tokens, 1 request;
-- it never reached a replica, or every attempt failed before any answer (kvgate answered 502/503/504
-  itself, or the client left before dispatch): 0 tokens and 0 requests, the whole reservation comes
-  back: the tenant got no service, and its retries during an outage must not eat its quota.
+   `max_concurrency` of the tenant and of the key (429); the rate limit and quota reservation (one
+   store call; 429/400/503); then flow control (`AdmissionQueue`: start, wait, or 503). Limits come
+   BEFORE the queue: a client over its limit is told at once instead of after waiting, and never
+   holds a queue slot.
+4. `settle(admitted, usage, outcome)` exactly once when the response has ended, whatever happened:
+   the charge (`policies.charging`) goes to the buckets and quotas (one store call) and to the usage
+   ledger (an in-process buffer, written in batches: `gateway/ledger.py`).
 
 A request refused in `admit` after its reservation (queue full, timeout, the client leaving while
 queued) gets the reservation back in full, requests included: a queued request that leaves settles
 nothing. Its 503 still carries the `x-ratelimit-*` headers, as they stand after that refund. The
 reservation is taken at arrival rather than at dispatch so that the 429 comes at once.
+
+Admin and metrics views of this state are in `gateway/tenant_status.py`.
 """
 
 from __future__ import annotations
 
-import asyncio
+import os
+import secrets
+import socket
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
-from typing import Any
 
 from prometheus_client import Counter
 from prometheus_client.core import GaugeMetricFamily, Metric
@@ -47,11 +42,15 @@ from gateway.config import Config, TenantLimits
 from gateway.errors import GatewayError
 from gateway.fleet.state import FleetChange, FleetState
 from gateway.forwarder import Outcome
+from gateway.ledger import UsageLedger
 from gateway.metrics import GatewayMetrics
+from gateway.policy_overrides import Overrides
+from gateway.policy_sync import PolicySync, build_policy_sync
 from gateway.rate_limit import RateLimiter, Reservation
 from gateway.sse_filter import Usage
-from gateway.stores import StoreUnavailable, build_store
+from gateway.stores import build_ledger_store, build_store
 from gateway.tenants import ANONYMOUS, Tenant, TenantRegistry
+from policies.charging import Charge, charge
 from policies.tenancy import choose_band
 from policies.types import Band, RequestInfo
 
@@ -74,35 +73,38 @@ class Admitted:
     settled: bool = False
 
 
-@dataclass(frozen=True, slots=True)
-class Charge:
-    requests: int  # 0 or 1
-    tokens: int
-
-
 @dataclass(slots=True)
-class _Totals:
+class Totals:
     requests: int = 0
     tokens: int = 0
 
 
 def charge_for(info: RequestInfo, usage: Usage | None, outcome: Outcome | None) -> Charge:
-    """What the tenant is charged for a request that ended (rules in the module docstring)."""
-    if usage is not None:
-        return Charge(1, usage.prompt_tokens + usage.completion_tokens)
-    if outcome is None or outcome.attempts == 0:
-        return Charge(0, 0)
-    if outcome.status == 0:
-        if outcome.error_kind is not None:
-            return Charge(0, 0)
-        return Charge(1, info.prompt_tokens)
-    if outcome.status == 200:
-        return Charge(1, info.prompt_tokens + min(outcome.events, info.max_tokens))
-    return Charge(1, 0)
+    """What the tenant is charged for a request that ended (`policies.charging`)."""
+    o = outcome if outcome is not None else Outcome()
+    u = (usage.prompt_tokens, usage.completion_tokens, usage.cached_tokens) if usage is not None else None
+    return charge(
+        info.prompt_tokens,
+        u,
+        attempts=o.attempts,
+        status=o.status,
+        error_kind=o.error_kind,
+        events=o.events,
+        output_cap=info.max_tokens,
+    )
+
+
+def new_gateway_id() -> str:
+    """Names this process in the store's heartbeats and the ledger's batch ids: host, pid, random."""
+    return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
 
 
 class Tenancy:
-    """Tenant policy of one Gateway. One event loop; `admit`/`settle` are safe to run concurrently."""
+    """Tenant policy of one Gateway. One event loop; `admit`/`settle` are safe to run concurrently.
+
+    `clock` is monotonic (buckets, queues); `wall_clock` is Unix time (quota windows, the ledger's
+    hours). `registry` is replaced whole when the admin API's changes arrive; a request keeps the
+    principal it authenticated as."""
 
     def __init__(
         self,
@@ -110,19 +112,34 @@ class Tenancy:
         fleet: FleetState,
         metrics: GatewayMetrics,
         clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], float] = time.time,
+        gateway_id: str | None = None,
     ) -> None:
+        self.config = config
         self.registry = TenantRegistry(config)
         self._m = metrics
+        self.wall_clock = wall_clock
+        self.gateway_id = gateway_id or new_gateway_id()
         self.limiter: RateLimiter | None = None
-        if self.registry.any_limits:
-            self.limiter = RateLimiter(build_store(config.state, metrics, clock), metrics, clock)
+        self.ledger: UsageLedger | None = None
+        self.sync: PolicySync | None = None
+        if not self.registry.open:
+            store = build_store(config.state, metrics, clock, wall_clock)
+            self.limiter = RateLimiter(store, metrics, clock, wall_clock)
+            if config.ledger.enabled:
+                ledger_store = build_ledger_store(config.state, config.ledger, wall_clock)
+                self.ledger = UsageLedger(ledger_store, config.ledger, metrics, self.gateway_id, wall_clock)
+            self.sync = build_policy_sync(
+                config.state, self.apply_overrides, metrics, self.gateway_id, wall_clock
+            )
         fc = config.flow_control
         self.admission: AdmissionQueue | None = None
         if fc.enabled:
             self.admission = AdmissionQueue(fc, config.fleet.stale_after_s, fleet, metrics, clock)
         self._pass_priority = fc.pass_priority
-        self._in_flight: dict[str, int] = {}
-        self._totals: dict[str, _Totals] = {}
+        self.in_flight: dict[str, int] = {}
+        self.key_in_flight: dict[tuple[str, str], int] = {}
+        self.totals: dict[str, Totals] = {}
         # Labelled metric children, looked up once per label set (labels() costs a few us a call).
         self._admitted: dict[tuple[str, Band, str], Counter] = {}
         self._charged: dict[str, Counter] = {}
@@ -132,12 +149,24 @@ class Tenancy:
     async def start(self) -> None:
         if self.limiter is not None:
             await self.limiter.start()
+        if self.sync is not None:
+            await self.sync.start()
+        if self.ledger is not None:
+            await self.ledger.start()
 
     async def stop(self) -> None:
         if self.admission is not None:
             self.admission.close()
+        if self.sync is not None:
+            await self.sync.stop()
+        if self.ledger is not None:
+            await self.ledger.stop()
         if self.limiter is not None:
             await self.limiter.close()
+
+    def apply_overrides(self, overrides: Overrides) -> None:
+        """Swap in the registry of the config with the admin API's changes laid over it."""
+        self.registry = TenantRegistry(self.config, overrides)
 
     def on_fleet_change(self, replica: str, change: FleetChange) -> None:
         if self.admission is not None:
@@ -190,26 +219,47 @@ class Tenancy:
         t = self.registry.get(tenant)
         return t.max_output_tokens if t is not None else _DEFAULT_OUTPUT_CAP
 
+    def _concurrency(self, tenant: Tenant) -> None:
+        """Refuse (429) when the tenant or its key is at its `max_concurrency` on this gateway."""
+        name = tenant.name
+        if tenant.max_concurrency is not None and self.in_flight.get(name, 0) >= tenant.max_concurrency:
+            limit, who = tenant.max_concurrency, f"tenant '{name}'"
+        else:
+            key = tenant.key
+            if key is None or key.max_concurrency is None:
+                return
+            if self.key_in_flight.get((name, key.name), 0) < key.max_concurrency:
+                return
+            limit, who = key.max_concurrency, f"key '{key.name}' of tenant '{name}'"
+        self._m.rejections.labels(name, "concurrency").inc()
+        raise GatewayError(
+            429,
+            f"Too many concurrent requests for {who} (limit {limit}). Please try again in 1s.",
+            code="concurrency_limit_exceeded",
+            headers=((b"retry-after", b"1"),),
+        )
+
+    def _hold(self, tenant: Tenant, n: int) -> None:
+        """Count `n` (+1 or -1) of the tenant's requests in flight, and of its key's when the key
+        has a concurrency limit (the common case pays one dict update)."""
+        self.in_flight[tenant.name] = self.in_flight.get(tenant.name, 0) + n
+        key = tenant.key
+        if key is not None and key.max_concurrency is not None:
+            k = (tenant.name, key.name)
+            self.key_in_flight[k] = self.key_in_flight.get(k, 0) + n
+
     async def admit(self, tenant: Tenant, info: RequestInfo, priority: bytes | None) -> Admitted:
-        """Pass the request through concurrency, rate limits and flow control, or raise GatewayError.
-        The caller dispatches right away (no await in between) and settles exactly once."""
+        """Pass the request through concurrency, rate limits, quotas and flow control, or raise
+        GatewayError. The caller dispatches right away (no await in between) and settles exactly once."""
         name = tenant.name
         try:
             band = choose_band(tenant.band, priority.decode("latin-1") if priority else None)
         except ValueError as err:
             self._m.rejections.labels(name, "bad_priority").inc()
             raise GatewayError(400, f"x-kvgate-priority: {err}", param="x-kvgate-priority") from None
-        running = self._in_flight.get(name, 0)
-        if tenant.max_concurrency is not None and running >= tenant.max_concurrency:
-            self._m.rejections.labels(name, "concurrency").inc()
-            raise GatewayError(
-                429,
-                f"Too many concurrent requests for tenant '{name}' (limit {tenant.max_concurrency}). "
-                "Please try again in 1s.",
-                code="concurrency_limit_exceeded",
-                headers=((b"retry-after", b"1"),),
-            )
-        self._in_flight[name] = running + 1  # held from here: concurrent admits cannot all pass
+        if tenant.max_concurrency is not None or tenant.key is not None:
+            self._concurrency(tenant)
+        self._hold(tenant, 1)  # held from here: concurrent admits cannot all pass
         reservation: Reservation | None = None
         headers: list[tuple[bytes, bytes]] = []
         ok = False
@@ -234,7 +284,7 @@ class Tenancy:
             ok = True
         finally:
             if not ok:
-                self._in_flight[name] -= 1
+                self._hold(tenant, -1)
                 if reservation is not None and self.limiter is not None:
                     self.limiter.refund_later(reservation)
         counter = self._admitted.get((name, band, path))
@@ -257,25 +307,28 @@ class Tenancy:
         if admitted.settled or admitted.tenant is None:
             return
         admitted.settled = True
-        name = admitted.tenant.name
-        self._in_flight[name] -= 1
+        tenant = admitted.tenant
+        name = tenant.name
+        self._hold(tenant, -1)
         if admitted.pool is not None and self.admission is not None:
             self.admission.leave(admitted.pool, name)
-        charge = charge_for(admitted.info, usage, outcome)
-        totals = self._totals.get(name)
+        c = charge_for(admitted.info, usage, outcome)
+        totals = self.totals.get(name)
         if totals is None:
-            totals = self._totals[name] = _Totals()
-        totals.requests += charge.requests
-        totals.tokens += charge.tokens
-        if charge.tokens:
+            totals = self.totals[name] = Totals()
+        totals.requests += c.requests
+        totals.tokens += c.tokens
+        if c.tokens:
             counter = self._charged.get(name)
             if counter is None:
                 counter = self._charged[name] = self._m.tokens_charged.labels(name)
-            counter.inc(charge.tokens)
+            counter.inc(c.tokens)
+        if self.ledger is not None:
+            self.ledger.record(name, tenant.key_label, admitted.info.model, c)
         if admitted.reservation is not None and self.limiter is not None:
-            await self.limiter.settle(admitted.reservation, charge.requests, charge.tokens)
+            await self.limiter.settle(admitted.reservation, c.requests, c.tokens)
 
-    # -- admin and metrics ----------------------------------------------------------------------
+    # -- views ----------------------------------------------------------------------------------
 
     def tenants(self) -> tuple[Tenant, ...]:
         reg = self.registry
@@ -285,55 +338,13 @@ class Tenancy:
     def find(self, name: str) -> Tenant | None:
         return next((t for t in self.tenants() if t.name == name), None)
 
-    def summary(self, t: Tenant) -> dict[str, Any]:
-        """What this gateway knows about `t` without asking the store."""
-        totals = self._totals.get(t.name, _Totals())
-        return {
-            "name": t.name,
-            "priority": t.band.label,
-            "weight": t.weight,
-            "limits": {
-                "rpm": t.rpm,
-                "tpm": t.tpm,
-                "max_concurrency": t.max_concurrency,
-                "max_output_tokens": t.max_output_tokens,
-            },
-            "in_flight": self._in_flight.get(t.name, 0),
-            "queued": self.admission.depth_of(t.name) if self.admission is not None else 0,
-            "used": {"requests": totals.requests, "tokens": totals.tokens, "since": self.started_at},
-        }
-
-    async def status(self, t: Tenant) -> dict[str, Any]:
-        """`summary` plus the buckets' levels read from the store now (one store call)."""
-        out = self.summary(t)
-        out["buckets"] = {}
-        if not t.limited or self.limiter is None:
-            return out
-        try:
-            async with asyncio.timeout(2.0):
-                levels, source = await self.limiter.peek(t)
-        except (StoreUnavailable, TimeoutError):
-            out["buckets"] = None
-            out["store"] = "unavailable"
-            return out
-        out["store"] = source
-        for b, lv in zip(t.buckets, levels, strict=True):
-            out["buckets"][b.kind] = {
-                "capacity": lv.capacity,
-                "level": lv.level,
-                "remaining": max(0, int(lv.level)),
-                "refill_per_s": b.spec.refill_per_s,
-                "reset_s": lv.reset_s,
-            }
-        return out
-
     def _collect(self) -> Iterable[Metric]:
         fam = GaugeMetricFamily(
             "kvgate_tenant_in_flight",
             "Admitted requests of each tenant not yet finished (queued or running).",
             labels=["tenant"],
         )
-        for name, n in self._in_flight.items():
+        for name, n in self.in_flight.items():
             fam.add_metric([name], n)
         yield fam
         if self.admission is not None:

@@ -32,8 +32,10 @@ The arithmetic, exactly (a Lua script mirrors it line by line; Lua numbers are I
     remaining = math.max(0, level)                    -- after the decision
     reset = (capacity - level) / refill_per_s         -- seconds until full again
 
-    -- take_all({(spec_i, state_i, amount_i)}, now): refill every bucket; the request passes only if
-    -- EVERY bucket passes on its own; then each bucket is debited, otherwise none is.
+    -- take_all({(spec_i, state_i, amount_i)}, now, others_pass): refill every bucket; the request
+    -- passes only if EVERY bucket passes on its own and `others_pass` (the verdict of the other limits
+    -- checked in the same atomic step: the request's quota counters, policies/quota.py); then each
+    -- bucket is debited, otherwise none is.
     -- retry_after = max of the refusing buckets' retry_after (each only grows, so at that time all
     -- hold enough at once); math.huge when any bucket is too small for its amount.
 
@@ -182,10 +184,12 @@ def take(spec: BucketSpec, state: BucketState, amount: float, now: float) -> Tak
 
 
 def take_all(
-    requests: Sequence[tuple[BucketSpec, BucketState, float]], now: float
+    requests: Sequence[tuple[BucketSpec, BucketState, float]], now: float, others_pass: bool = True
 ) -> MultiTakeResult:
     """Take from every `(spec, state, amount)` bucket at `now`, or from none (e.g. the requests bucket
-    and the tokens bucket of one tenant). Buckets are independent: each is refilled on its own."""
+    and the tokens bucket of one tenant). Buckets are independent: each is refilled on its own.
+    `others_pass` False (a quota in the same atomic step refused) debits none and refuses, with
+    `limiting` naming only the buckets that refused on their own."""
     # One pass for the refills and the verdict, a second only to debit: this runs on every request.
     levels: list[float] = []
     stamps: list[float] = []
@@ -200,7 +204,7 @@ def take_all(
             retry_after_s = max(retry_after_s, wait)
         levels.append(s.level)
         stamps.append(s.updated_at)
-    allowed = not limiting
+    allowed = not limiting and others_pass
     if allowed:
         levels = [level - amount for level, (_, _, amount) in zip(levels, requests, strict=True)]
     return MultiTakeResult(

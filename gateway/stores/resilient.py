@@ -9,8 +9,13 @@
   script and marks the store UP again.
 - Fail-open (`on_store_error: open`): takes go to local in-memory buckets holding this gateway's
   share of each limit (`1 / state.gateways` of both the capacity and the refill), so N gateways
-  together still admit about one limit. Fail-closed (`closed`): takes raise `StoreUnavailable`,
-  which the gateway answers 503.
+  together still admit about one limit. Quota counters likewise: a local counter per window holding
+  this gateway's share of what was left of the quota when this gateway last saw the shared counter
+  (`(limit - used last seen) / gateways`; the whole limit's share for a counter never seen), so
+  together they admit about what was left. What is used locally is not copied back to Redis when it
+  answers again: after an outage a quota can be passed by at most what its tenant used during it,
+  which is itself bounded by what was left. Warnings are not raised from local counters.
+  Fail-closed (`closed`): takes raise `StoreUnavailable`, which the gateway answers 503.
 - Settles follow their reservation: one taken locally is settled locally (even after Redis is back);
   one taken in Redis is settled in Redis, and if Redis is down at that moment the settle is DROPPED
   and counted (`kvgate_state_settles_dropped_total`): the Redis bucket then keeps the whole
@@ -29,7 +34,16 @@ from collections.abc import Sequence
 from redis.exceptions import RedisError
 
 from gateway.metrics import GatewayMetrics
-from gateway.stores.base import Bucket, Level, StoreUnavailable, Take
+from gateway.stores.base import (
+    NO_AMOUNTS,
+    NO_COUNTERS,
+    Bucket,
+    Counter,
+    Level,
+    Settled,
+    StoreUnavailable,
+    Take,
+)
 from gateway.stores.memory import MemoryBucketStore
 from gateway.stores.redis_store import RedisBucketStore
 
@@ -68,6 +82,7 @@ class ResilientStore:
         self._m = metrics
         self._rng = rng or random.Random()
         self._scaled: dict[Bucket, Bucket] = {}
+        self._seen_used: dict[tuple[str, str], float] = {}  # counters' `used` in the last Redis reply
         self._probe: asyncio.Task[None] | None = None
         self.up = True
         metrics.store_up.set(1)
@@ -89,14 +104,25 @@ class ResilientStore:
             self._probe = None
         await self._remote.close()
 
-    async def take(self, buckets: Sequence[Bucket], amounts: Sequence[float]) -> Take:
+    async def take(
+        self,
+        buckets: Sequence[Bucket],
+        amounts: Sequence[float],
+        counters: Sequence[Counter] = NO_COUNTERS,
+        counter_amounts: Sequence[float] = NO_AMOUNTS,
+    ) -> Take:
         if self.up:
             try:
-                return await self._remote.take(buckets, amounts)
+                take = await self._remote.take(buckets, amounts, counters, counter_amounts)
             except _FAILURES as err:
                 self._mark_down("take", err)
+            else:
+                self._see(counters, take.used)
+                return take
         if self._fail_open:
-            return self._local.take_now(self._share_of(buckets), amounts)
+            return self._local.take_now(
+                self._share_of(buckets), amounts, self._counter_share(counters), counter_amounts
+            )
         raise StoreUnavailable(self._delay)
 
     async def settle(
@@ -105,16 +131,42 @@ class ResilientStore:
         reserved: Sequence[float],
         actual: Sequence[float],
         source: str,
-    ) -> tuple[Level, ...] | None:
+        counters: Sequence[Counter] = NO_COUNTERS,
+        counter_reserved: Sequence[float] = NO_AMOUNTS,
+        counter_actual: Sequence[float] = NO_AMOUNTS,
+    ) -> Settled | None:
         if source == LOCAL:
-            return self._local.settle_now(self._share_of(buckets), reserved, actual)
+            return self._local.settle_now(
+                self._share_of(buckets),
+                reserved,
+                actual,
+                self._counter_share(counters),
+                counter_reserved,
+                counter_actual,
+            )
         if self.up:
             try:
-                return await self._remote.settle(buckets, reserved, actual)
+                settled = await self._remote.settle(
+                    buckets, reserved, actual, source, counters, counter_reserved, counter_actual
+                )
             except _FAILURES as err:
                 self._mark_down("settle", err)
+            else:
+                if settled is not None:
+                    self._see(counters, settled.used)
+                return settled
         self._m.settles_dropped.inc()
         return None
+
+    async def peek_counters(self, counters: Sequence[Counter]) -> tuple[tuple[float, ...], str]:
+        if self.up:
+            try:
+                return await self._remote.peek_counters(counters)
+            except _FAILURES as err:
+                self._mark_down("peek", err)
+        if self._fail_open:
+            return self._local.peek_counters_now(self._counter_share(counters)), LOCAL
+        raise StoreUnavailable(self._delay)
 
     async def peek(self, buckets: Sequence[Bucket]) -> tuple[tuple[Level, ...], str]:
         if self.up:
@@ -133,8 +185,21 @@ class ResilientStore:
         for b in buckets:
             s = self._scaled.get(b)
             if s is None:
-                s = self._scaled[b] = Bucket(b.tenant, b.kind, b.spec.scaled(self._share))
+                s = self._scaled[b] = Bucket(b.tenant, b.kind, b.spec.scaled(self._share), b.key)
             out.append(s)
+        return out
+
+    def _see(self, counters: Sequence[Counter], used: Sequence[float]) -> None:
+        for c, u in zip(counters, used, strict=True):
+            self._seen_used[(c.tenant, c.name)] = u
+
+    def _counter_share(self, counters: Sequence[Counter]) -> list[Counter]:
+        """Local stand-ins: this gateway's share of what was left when Redis last answered; no
+        warnings (a warning is once per window across gateways, which needs the shared counter)."""
+        out = []
+        for c in counters:
+            left = max(0.0, c.limit - self._seen_used.get((c.tenant, c.name), 0.0))
+            out.append(Counter(c.tenant, c.name, left * self._share, c.expires_at, None))
         return out
 
     def _mark_down(self, op: str, err: BaseException) -> None:

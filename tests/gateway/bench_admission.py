@@ -1,11 +1,17 @@
 """Admission overhead per request: authenticate + admit + settle, no network to replicas.
 
-    python -m tests.gateway.bench_admission [--requests 20000]
+    python -m tests.gateway.bench_admission [--requests 20000] [--rounds 1]
 
-Three setups over the same 4-replica fleet picture (scraped, with room, flow control on):
-no tenants (the open gateway), a limited tenant on the memory store, and the same tenant on a
-private redis-server started here (needs `redis-server` on PATH). Prints wall and CPU microseconds
-per request; with Redis the wall time is two loopback round trips (reserve, settle).
+Setups over the same 4-replica fleet picture (scraped, with room, flow control on): no tenants (the
+open gateway); a limited tenant (rpm + tpm) on the memory store, with the usage ledger off (the
+setup measured before quotas existed) and on (the default now); the same tenant with three quotas
+(tokens per calendar month, requests per day in Europe/Berlin, tokens per day for a model pattern);
+a named key with its own rpm and day quota on top of those (four buckets, four quotas); and the
+limited tenant and the quota tenant on a private redis-server started here (needs `redis-server` on
+PATH). Prints wall and CPU microseconds per request; with Redis the wall time is two loopback round
+trips (reserve, settle), quotas riding in the same two calls. With `--rounds N` every setup runs N
+times, round-robin, and the median of each is printed: on a shared machine whose load drifts, every
+setup then meets the same mix of quiet and busy moments.
 Not a test: numbers, for the report.
 """
 
@@ -14,6 +20,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import statistics
 import time
 from typing import Any
 
@@ -30,7 +37,21 @@ from tests.gateway.redis_server import RedisServer
 
 INFO = RequestInfo(model="m", base_model="m", adapter=None, prompt_tokens=500, max_tokens=200)
 REPLICAS = [{"url": f"http://r{i}:1", "model": "m", "name": f"r{i}"} for i in range(4)]
-TENANT = {"name": "acme", "api_keys": [hash_key("k")], "limits": {"rpm": 10**9, "tpm": 10**12}}
+LIMITS = {"rpm": 10**9, "tpm": 10**12}
+TENANT = {"name": "acme", "api_keys": [hash_key("k")], "limits": LIMITS}
+QUOTAS = [
+    {"tokens": 10**15, "per": "month", "warn_at": 0.8},
+    {"requests": 10**12, "per": "day", "timezone": "Europe/Berlin"},
+    {"tokens": 10**15, "per": "day", "models": ["m*"]},
+]
+QUOTA_TENANT = {**TENANT, "quotas": QUOTAS}
+KEY_TENANT = {
+    **QUOTA_TENANT,
+    "api_keys": [],
+    "keys": [{"name": "ci-bot", "hash": hash_key("k"), "limits": {"rpm": 10**9},
+              "quotas": [{"tokens": 10**15, "per": "day"}]}],
+}  # fmt: skip
+NO_LEDGER = {"ledger": {"enabled": False}}
 
 
 async def run(cfg: dict[str, Any], n: int, key: bytes | None) -> tuple[float, float]:
@@ -55,22 +76,36 @@ async def run(cfg: dict[str, Any], n: int, key: bytes | None) -> tuple[float, fl
         await tenancy.stop()
 
 
-async def main(n: int) -> None:
-    print(f"{n} requests each; load average {os.getloadavg()[0]:.2f}")
-    rows: list[tuple[str, dict[str, Any], bytes | None]] = [
-        ("no tenants (open gateway)", {}, None),
-        ("tenant, memory store", {"tenants": [TENANT]}, b"Bearer k"),
+async def main(n: int, rounds: int) -> None:
+    print(f"{n} requests each, {rounds} round(s); load average {os.getloadavg()[0]:.2f}")
+    setups: list[tuple[str, dict[str, Any], int]] = [
+        ("no tenants (open gateway)", {}, n),
+        ("tenant, memory, ledger off", {"tenants": [TENANT], **NO_LEDGER}, n),
+        ("tenant, memory store", {"tenants": [TENANT]}, n),
+        ("tenant + 3 quotas, memory", {"tenants": [QUOTA_TENANT]}, n),
+        ("key + tenant, 4 quotas, memory", {"tenants": [KEY_TENANT]}, n),
     ]
-    for name, cfg, key in rows:
-        wall, cpu = await run(cfg, n, key)
-        print(f"  {name:32s} wall {wall:8.1f} us   cpu {cpu:8.1f} us")
     with RedisServer() as redis:
-        shared = {"tenants": [TENANT], "state": {"store": redis.url, "timeout_s": 1.0}}
-        wall, cpu = await run(shared, n // 4, b"Bearer k")
-        print(f"  {'tenant, redis store':32s} wall {wall:8.1f} us   cpu {cpu:8.1f} us  (this process only)")
+        state = {"state": {"store": redis.url, "timeout_s": 1.0}}
+        setups += [
+            ("tenant, redis store", {"tenants": [TENANT], **state}, n // 4),
+            ("tenant + 3 quotas, redis", {"tenants": [QUOTA_TENANT], **state}, n // 4),
+        ]
+        results: dict[str, list[tuple[float, float]]] = {name: [] for name, _, _ in setups}
+        for _ in range(rounds):
+            for name, cfg, count in setups:
+                results[name].append(await run(cfg, count, None if not cfg else b"Bearer k"))
+    for name, _, _ in setups:
+        wall = statistics.median(w for w, _ in results[name])
+        cpu = statistics.median(c for _, c in results[name])
+        note = "  (this process only)" if "redis" in name else ""
+        print(f"  {name:32s} wall {wall:8.1f} us   cpu {cpu:8.1f} us{note}")
+    print(f"load average {os.getloadavg()[0]:.2f} at the end")
 
 
 if __name__ == "__main__":
     p = argparse.ArgumentParser()
     p.add_argument("--requests", type=int, default=20000)
-    asyncio.run(main(p.parse_args().requests))
+    p.add_argument("--rounds", type=int, default=1, help="run every setup this many times, round-robin")
+    args = p.parse_args()
+    asyncio.run(main(args.requests, args.rounds))

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import Any
 
 import httpx
 
 from gateway.auth_keys import hash_key
 from gateway.config import parse_config
+from gateway.gateway import Gateway
 from gateway.server import GatewayServer
 from simulator.fleet import SimFleet
 from simulator.server.faults import FaultConfig
@@ -63,10 +64,12 @@ async def tenancy_stack(
     replicas: int = 2,
     hang_after_chunks: int | None = None,
     max_connections: int = 400,
+    wall_clock: Callable[[], float] | None = None,
     **fleet_kw: Any,
 ) -> AsyncIterator[Stack]:
     """kvgate over `replicas` simulated replicas of MODEL and, with `hang_after_chunks`, one more
-    replica serving "hang-llama" that stalls every stream after that many chunks."""
+    replica serving "hang-llama" that stalls every stream after that many chunks. `wall_clock`
+    replaces the gateway's Unix-time clock (quota windows, the ledger's hours)."""
     fleet_kw.setdefault("profile", "tiny")
     async with contextlib.AsyncExitStack() as stack:
         main = await stack.enter_async_context(SimFleet(replicas=replicas, **fleet_kw))
@@ -78,7 +81,8 @@ async def tenancy_stack(
             )  # fmt: skip
             fleets.append((hang, "hang-llama", "h"))
         cfg = parse_config(merge(base_config(fleets), config))
-        server = await stack.enter_async_context(GatewayServer(cfg))
+        gateway = Gateway(cfg, wall_clock=wall_clock) if wall_clock is not None else None
+        server = await stack.enter_async_context(GatewayServer(cfg, gateway=gateway))
         client = await stack.enter_async_context(
             httpx.AsyncClient(
                 base_url=server.url,

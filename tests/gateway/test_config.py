@@ -10,6 +10,15 @@ from gateway.config import ConfigError, load_config, parse_config
 from gateway.config_check import check_semantics
 
 GOOD_KEY = "sha256:" + "ab" * 32
+KEY2 = "sha256:" + "cd" * 32
+
+
+def quota(**q: object) -> dict[str, object]:
+    return {"tenants": [{"name": "a", "quotas": [{"per": "day", **q}]}]}
+
+
+def key(**k: object) -> dict[str, object]:
+    return {"tenants": [{"name": "a", "keys": [{"name": "k", "hash": GOOD_KEY, **k}]}]}
 
 
 def test_empty_config_is_the_embedded_default() -> None:
@@ -42,6 +51,58 @@ def test_empty_config_is_the_embedded_default() -> None:
             "more than one tenant",
         ),
         ({"auth": {"anonymous_tenant": "ghost"}}, "auth.anonymous_tenant: no tenant named 'ghost'"),
+        # quotas: the unit, the period, the zone, the limit, warn_at and model patterns
+        (quota(tokens=1, requests=1), "tenants.0.quotas.0: a quota counts either `tokens` or `requests`"),
+        (quota(), "tenants.0.quotas.0: a quota counts either"),
+        (quota(tokens=1, per="year"), "tenants.0.quotas.0.per: Input should be 'day', 'week' or 'month'"),
+        (quota(tokens=0), "tenants.0.quotas.0.tokens: Input should be greater than 0"),
+        (quota(requests=-5), "tenants.0.quotas.0.requests: Input should be greater than 0"),
+        (quota(tokens=1, timezone="Mars/Olympus"), "tenants.0.quotas.0.timezone: unknown time zone 'Mars/"),
+        (quota(tokens=1, warn_at=1.0), "tenants.0.quotas.0.warn_at: Input should be less than 1"),
+        (quota(tokens=1, warn_at=0), "tenants.0.quotas.0.warn_at: Input should be greater than 0"),
+        (quota(tokens=1, models=[]), "tenants.0.quotas.0.models: an empty list would match no model"),
+        (quota(tokens=1, models=[" x"]), "tenants.0.quotas.0.models: model pattern ' x' is empty"),
+        (quota(tokens=1, name="a b"), "tenants.0.quotas.0.name: String should match pattern"),
+        (
+            {
+                "tenants": [
+                    {"name": "a", "quotas": [{"tokens": 1, "per": "day"}, {"tokens": 2, "per": "day"}]}
+                ]
+            },
+            "tenants.0.quotas: two quotas are both named ['tokens-per-day']",
+        ),
+        # named keys
+        (key(name="unnamed-1"), "tenants.0.keys.0.name: names starting with 'unnamed-'"),
+        (key(hash="plaintext"), "tenants.0.keys.0.hash: api keys are stored hashed"),
+        (key(limits={"rpm": 0}), "tenants.0.keys.0.limits.rpm: Input should be greater than or equal to 1"),
+        (key(limits={"max_output_tokens": 5}), "tenants.0.keys.0.limits.max_output_tokens: unknown key"),
+        (key(quotas=[{"tokens": 1, "per": "fortnight"}]), "tenants.0.keys.0.quotas.0.per"),
+        (
+            {
+                "tenants": [
+                    {"name": "a", "keys": [{"name": "k", "hash": GOOD_KEY}, {"name": "k", "hash": KEY2}]}
+                ]
+            },
+            "tenants.0.keys: duplicate key names ['k']",
+        ),
+        (
+            {
+                "tenants": [
+                    {"name": "a", "api_keys": [GOOD_KEY]},
+                    {"name": "b", "keys": [{"name": "k", "hash": GOOD_KEY}]},
+                ]
+            },
+            "more than one tenant",
+        ),
+        # admin keys: plain hashes or {name, hash}
+        ({"auth": {"admin_keys": ["plaintext"]}}, "auth.admin_keys: api keys are stored hashed"),
+        ({"auth": {"admin_keys": [{"name": "ops", "hash": "x"}]}}, "auth.admin_keys.0"),
+        (
+            {"auth": {"admin_keys": [{"name": "ops", "hash": GOOD_KEY}, {"name": "ops", "hash": KEY2}]}},
+            "auth.admin_keys: duplicate admin key names ['ops']",
+        ),
+        ({"ledger": {"flush_interval_s": 0}}, "ledger.flush_interval_s: Input should be greater than 0"),
+        ({"ledger": {"retention_days": 0}}, "ledger.retention_days"),
     ],
 )
 def test_bad_configs_name_the_path_and_reason(data: dict[str, object], expected: str) -> None:
@@ -137,3 +198,36 @@ def test_semantic_check_loads_the_tls_ca_file(tmp_path: Path) -> None:
     junk.write_text("not a certificate\n")
     with pytest.raises(ConfigError, match=r"upstream.tls_ca_file: cannot load"):
         check_semantics(parse_config({"upstream": {"tls_ca_file": str(junk)}}))
+
+
+def test_quotas_keys_and_named_admins_as_the_issue_writes_them() -> None:
+    c = parse_config(
+        {
+            "tenants": [
+                {
+                    "name": "acme",
+                    "quotas": [
+                        {"tokens": 50_000_000, "per": "month", "warn_at": 0.8},
+                        {"requests": 200_000, "per": "day", "timezone": "Europe/Berlin"},
+                        {"tokens": 2_000_000, "per": "day", "models": ["llama-3-70b*"]},
+                    ],
+                    "keys": [
+                        {"name": "ci-bot", "hash": GOOD_KEY, "limits": {"rpm": 60},
+                         "quotas": [{"tokens": 100_000, "per": "day"}]},
+                    ],
+                }
+            ],
+            "auth": {"admin_keys": [KEY2, {"name": "ops", "hash": "sha256:" + "ef" * 32}]},
+        }
+    )  # fmt: skip
+    acme = c.tenants[0]
+    assert [q.display_name for q in acme.quotas] == ["tokens-per-month", "requests-per-day",
+                                                     "tokens-per-day[llama-3-70b*]"]  # fmt: skip
+    assert [(q.unit, q.limit, q.per, q.timezone) for q in acme.quotas][1] == (
+        "requests",
+        200_000,
+        "day",
+        "Europe/Berlin",
+    )
+    assert acme.keys[0].limits.rpm == 60 and acme.keys[0].quotas[0].display_name == "tokens-per-day"
+    assert c.ledger.enabled and c.ledger.flush_interval_s == 1.0

@@ -13,6 +13,7 @@ import orjson
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from gateway import tenant_status
 from gateway.config import parse_config
 from gateway.server import GatewayServer
 from gateway.tokenizers import SimTokenizer
@@ -183,7 +184,7 @@ async def test_a_replica_stalling_early_in_a_stream_is_cut_off_and_the_tenant_se
         assert orjson.loads(events[-2][6:])["error"]["code"] == 502
         gw = s.gateway
         acme = gw.tenancy.find("acme")
-        await wait_for(lambda: gw.tenancy.summary(acme)["in_flight"] == 0, timeout=5)
+        await wait_for(lambda: tenant_status.summary(gw.tenancy, acme)["in_flight"] == 0, timeout=5)
         assert gw.tenancy.admission is not None and gw.tenancy.admission.in_flight_of("acme") == 0
         assert await metric_value(s.client, "kvgate_upstream_errors_total", {"kind": "stream_timeout"}) == 1
         prompt = len(SimTokenizer().encode_chat(body["messages"]))
@@ -261,13 +262,13 @@ async def test_a_client_that_stops_reading_is_dropped_without_blaming_the_replic
             # The tenant is settled: its slot back, charged what was relayed (no usage came: prompt +
             # events, per charge_for), and its bucket holds exactly that charge.
             acme = gw.tenancy.find("acme")
-            await wait_for(lambda: gw.tenancy.summary(acme)["in_flight"] == 0, 5)
+            await wait_for(lambda: tenant_status.summary(gw.tenancy, acme)["in_flight"] == 0, 5)
             assert gw.tenancy.admission is not None and gw.tenancy.admission.in_flight_of("acme") == 0
-            used = gw.tenancy.summary(acme)["used"]
+            used = tenant_status.summary(gw.tenancy, acme)["used"]
             # Hundreds of events went out, but a replica cannot make a request cost more than its
             # prompt and the output it may produce (charge_for caps the estimate at max_tokens).
             assert used["requests"] == 1 and 100 < used["tokens"] <= 3500 + 20
-            level = (await gw.tenancy.status(acme))["buckets"]["tokens"]["level"]
+            level = (await tenant_status.status(gw.tenancy, acme))["buckets"]["tokens"]["level"]
             assert capacity - used["tokens"] <= level <= capacity - used["tokens"] + 1
             # What the client gets when it reads at last: the start of the stream, then the end of the
             # connection, without [DONE] (an unfinished chunked body: the client can tell).

@@ -16,7 +16,7 @@ from typing import Any
 
 import httpx
 
-from gateway import proxy
+from gateway import proxy, tenant_status
 from gateway.config import parse_config
 from gateway.gateway import Gateway
 from gateway.server import GatewayServer
@@ -146,7 +146,7 @@ async def test_each_ending_settles_an_admitted_request_exactly_once() -> None:
 
         async def settled(expected: int) -> None:
             """Once every request has ended: `expected` admitted requests settled, once each."""
-            await wait_for(lambda: gw.tenancy.summary(gw.tenancy.find("t"))["in_flight"] == 0)
+            await wait_for(lambda: tenant_status.summary(gw.tenancy, gw.tenancy.find("t"))["in_flight"] == 0)
             await wait_for(lambda: gw.metrics.in_flight._value.get() == 0)
             calls = log.take()
             assert len(calls) == expected and len({id(a) for a in calls}) == expected
@@ -205,6 +205,6 @@ async def test_a_no_replica_503_after_admission_is_settled_once_and_charges_noth
         assert_openai_shaped(r, 503)
         assert "x-ratelimit-remaining-tokens" in r.headers
         assert len(log.take()) == 1
-        summary = gw.tenancy.summary(gw.tenancy.find("t"))
+        summary = tenant_status.summary(gw.tenancy, gw.tenancy.find("t"))
         assert summary["in_flight"] == 0
         assert (summary["used"]["requests"], summary["used"]["tokens"]) == (0, 0)

@@ -14,7 +14,16 @@ from gateway.config import TenantConfig, TenantLimits
 from gateway.errors import GatewayError
 from gateway.metrics import GatewayMetrics
 from gateway.rate_limit import RateLimiter
-from gateway.stores.base import Bucket, Level, StoreUnavailable, Take
+from gateway.stores.base import (
+    NO_AMOUNTS,
+    NO_COUNTERS,
+    Bucket,
+    Counter,
+    Level,
+    Settled,
+    StoreUnavailable,
+    Take,
+)
 from gateway.stores.memory import MemoryBucketStore
 from gateway.stores.redis_store import RedisBucketStore
 from gateway.stores.resilient import LOCAL, ResilientStore
@@ -240,19 +249,35 @@ class CountingStore:
     async def close(self) -> None:
         return None
 
-    async def take(self, buckets: Sequence[Bucket], amounts: Sequence[float]) -> Take:
+    async def take(
+        self,
+        buckets: Sequence[Bucket],
+        amounts: Sequence[float],
+        counters: Sequence[Counter] = NO_COUNTERS,
+        counter_amounts: Sequence[float] = NO_AMOUNTS,
+    ) -> Take:
         await self.gate.wait()
         self.takes += 1
-        return self.mem.take_now(buckets, amounts)
+        return self.mem.take_now(buckets, amounts, counters, counter_amounts)
 
     async def settle(
-        self, buckets: Sequence[Bucket], reserved: Sequence[float], actual: Sequence[float], source: str
-    ) -> tuple[Level, ...] | None:
+        self,
+        buckets: Sequence[Bucket],
+        reserved: Sequence[float],
+        actual: Sequence[float],
+        source: str,
+        counters: Sequence[Counter] = NO_COUNTERS,
+        counter_reserved: Sequence[float] = NO_AMOUNTS,
+        counter_actual: Sequence[float] = NO_AMOUNTS,
+    ) -> Settled | None:
         self.settles += 1
-        return self.mem.settle_now(buckets, reserved, actual)
+        return self.mem.settle_now(buckets, reserved, actual, counters, counter_reserved, counter_actual)
 
     async def peek(self, buckets: Sequence[Bucket]) -> tuple[tuple[Level, ...], str]:
         return self.mem.peek_now(buckets), self.mem.source
+
+    async def peek_counters(self, counters: Sequence[Counter]) -> tuple[tuple[float, ...], str]:
+        return await self.mem.peek_counters(counters)
 
 
 async def test_settle_with_nothing_to_reconcile_makes_no_store_call() -> None:
@@ -372,9 +397,15 @@ class DownableRedis(RedisBucketStore):
     async def ping(self) -> None:
         self._check()
 
-    async def take(self, buckets: Sequence[Bucket], amounts: Sequence[float]) -> Take:
+    async def take(
+        self,
+        buckets: Sequence[Bucket],
+        amounts: Sequence[float],
+        counters: Sequence[Counter] = NO_COUNTERS,
+        counter_amounts: Sequence[float] = NO_AMOUNTS,
+    ) -> Take:
         self._check()
-        return self._mem.take_now(buckets, amounts)
+        return self._mem.take_now(buckets, amounts, counters, counter_amounts)
 
     async def settle(
         self,
@@ -382,13 +413,20 @@ class DownableRedis(RedisBucketStore):
         reserved: Sequence[float],
         actual: Sequence[float],
         source: str = "redis",
-    ) -> tuple[Level, ...] | None:
+        counters: Sequence[Counter] = NO_COUNTERS,
+        counter_reserved: Sequence[float] = NO_AMOUNTS,
+        counter_actual: Sequence[float] = NO_AMOUNTS,
+    ) -> Settled | None:
         self._check()
-        return self._mem.settle_now(buckets, reserved, actual)
+        return self._mem.settle_now(buckets, reserved, actual, counters, counter_reserved, counter_actual)
 
     async def peek(self, buckets: Sequence[Bucket]) -> tuple[tuple[Level, ...], str]:
         self._check()
         return self._mem.peek_now(buckets), "redis"
+
+    async def peek_counters(self, counters: Sequence[Counter]) -> tuple[tuple[float, ...], str]:
+        self._check()
+        return self._mem.peek_counters_now(counters), "redis"
 
 
 def resilient(clock: FakeClock, *, fail_open: bool, gateways: int = 4) -> tuple[RateLimiter, DownableRedis]:

@@ -1,5 +1,5 @@
-"""gateway/tenancy.py: what a finished request is charged (`charge_for`), and admit/settle
-bookkeeping on the memory store without a network."""
+"""gateway/tenancy.py: what a finished request is charged (`charge_for`, over policies/charging.py),
+and admit/settle bookkeeping on the memory store without a network."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import asyncio
 
 import pytest
 
+from gateway import tenant_status
 from gateway.auth_keys import hash_key
 from gateway.config import parse_config
 from gateway.errors import GatewayError
@@ -25,10 +26,11 @@ INFO = RequestInfo(model="m", base_model="m", adapter=None, prompt_tokens=40, ma
 @pytest.mark.parametrize(
     ("usage", "outcome", "expected"),
     [
-        (Usage(40, 7), Outcome(status=200, attempts=1), Charge(1, 47)),  # the replica's usage
-        (Usage(40, 7), None, Charge(1, 47)),
-        (None, Outcome(status=200, attempts=1, events=5), Charge(1, 45)),  # stream broke / client left
-        (None, Outcome(status=0, attempts=1), Charge(1, 40)),  # client left during prefill
+        (Usage(40, 7, 16), Outcome(status=200, attempts=1), Charge(1, 47, 40, 7, 16)),  # the replica's
+        (Usage(40, 7), None, Charge(1, 47, 40, 7)),
+        # the stream broke or the client left: prompt estimate + events, marked as an estimate
+        (None, Outcome(status=200, attempts=1, events=5), Charge(1, 45, 40, 5, 0, True)),
+        (None, Outcome(status=0, attempts=1), Charge(1, 40, 40, 0, 0, True)),  # left during prefill
         (None, Outcome(status=0, attempts=2, error_kind="timeout"), Charge(0, 0)),  # all attempts failed
         (None, Outcome(status=400, attempts=1), Charge(1, 0)),  # the replica refused it
         (None, Outcome(), Charge(0, 0)),  # never dispatched
@@ -63,7 +65,7 @@ async def test_open_gateway_admits_without_a_store() -> None:
     adm = await t.admit(anon, INFO, None)
     assert adm.headers == [] and adm.reservation is None and adm.vllm_priority is None
     await t.settle(adm, Usage(40, 3), None)
-    assert t.summary(anon)["used"] == {"requests": 1, "tokens": 43, "since": t.started_at}
+    assert tenant_status.summary(t, anon)["used"] == {"requests": 1, "tokens": 43, "since": t.started_at}
 
 
 async def test_priority_header_lowers_but_never_raises_and_unknown_is_400() -> None:
@@ -88,7 +90,7 @@ async def test_concurrency_limit_and_settle_frees_the_slot_once() -> None:
     assert err.value.status == 429 and dict(err.value.headers)[b"retry-after"] == b"1"
     await t.settle(a, Usage(40, 10), Outcome(status=200, attempts=1))
     await t.settle(a, Usage(40, 10), Outcome(status=200, attempts=1))  # idempotent
-    assert t.summary(acme)["in_flight"] == 1
+    assert tenant_status.summary(t, acme)["in_flight"] == 1
     await t.admit(acme, INFO, None)
 
 
@@ -101,7 +103,7 @@ async def test_reservation_and_settle_on_the_buckets() -> None:
     assert headers[b"x-ratelimit-remaining-tokens"] == b"860"
     assert headers[b"x-ratelimit-remaining-requests"] == b"59"
     await t.settle(adm, Usage(40, 7), Outcome(status=200, attempts=1))
-    status = await t.status(acme)
+    status = await tenant_status.status(t, acme)
     assert status["buckets"]["tokens"]["level"] == 1000 - 47  # the fake clock did not move
     assert status["buckets"]["requests"]["level"] == 59
     assert status["store"] == "memory"
@@ -112,7 +114,7 @@ async def test_a_request_that_never_ran_gets_everything_back() -> None:
     acme = t.authenticate(b"Bearer k")
     adm = await t.admit(acme, INFO, None)
     await t.settle(adm, None, Outcome())  # e.g. routing found no replica
-    status = await t.status(acme)
+    status = await tenant_status.status(t, acme)
     assert status["buckets"]["tokens"]["level"] == 1000 and status["buckets"]["requests"]["level"] == 60
 
 
@@ -129,5 +131,5 @@ async def test_a_request_shed_by_flow_control_gets_its_reservation_back_and_says
     assert headers[b"x-ratelimit-remaining-requests"] == b"60"
     assert headers[b"x-ratelimit-reset-tokens"] == b"0s"
     await asyncio.sleep(0)  # the background refund
-    status = await t.status(acme)
+    status = await tenant_status.status(t, acme)
     assert status["buckets"]["tokens"]["level"] == 1000 and status["buckets"]["requests"]["level"] == 60

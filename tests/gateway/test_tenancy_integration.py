@@ -208,7 +208,7 @@ async def test_200_concurrent_requests_hold_the_tpm_limit_and_settle_to_the_real
             decided.set()
             await asyncio.gather(*tasks)
         gw = s.gateway
-        await wait_for(lambda: gw.tenancy.summary(gw.tenancy.find("acme"))["in_flight"] == 0)
+        await wait_for(lambda: gw.tenancy.in_flight.get("acme", 0) == 0)
         assert gw.tenancy.admission is not None and gw.tenancy.admission.in_flight_of("acme") == 0
         elapsed = time.monotonic() - started
         admitted = statuses.count(200)
@@ -294,11 +294,11 @@ async def test_a_client_leaving_the_queue_and_a_request_refused_after_admission_
         leaver.cancel()  # the client hangs up while queued
         await asyncio.gather(leaver, return_exceptions=True)
         await wait_for(lambda: s.gateway.tenancy.admission.depth == 0)
-        await wait_for(lambda: s.gateway.tenancy.summary(s.gateway.tenancy.find("acme"))["in_flight"] == 1)
+        await wait_for(lambda: s.gateway.tenancy.in_flight.get("acme", 0) == 1)
         req_after, tok_after = await levels()
         assert req_after >= req_before and tok_before <= tok_after <= tok_before + 1  # all given back
         assert (await running).status_code == 200
-        await wait_for(lambda: s.gateway.tenancy.summary(s.gateway.tenancy.find("acme"))["in_flight"] == 0)
+        await wait_for(lambda: s.gateway.tenancy.in_flight.get("acme", 0) == 0)
 
         # the replica dies: kvgate refuses after admission (no replica), and charges nothing
         await s.fleet.stop_replica(0)
@@ -306,7 +306,7 @@ async def test_a_client_leaving_the_queue_and_a_request_refused_after_admission_
         req_before, tok_before = await levels()
         r = await s.client.post("/v1/chat/completions", json=chat("anyone?"), headers=auth("acme"))
         assert r.status_code in (502, 503) and "x-ratelimit-limit-tokens" in r.headers
-        await wait_for(lambda: s.gateway.tenancy.summary(s.gateway.tenancy.find("acme"))["in_flight"] == 0)
+        await wait_for(lambda: s.gateway.tenancy.in_flight.get("acme", 0) == 0)
         admission = s.gateway.tenancy.admission
         assert admission is not None and admission.in_flight_of("acme") == 0  # the fair share too
         req_after, tok_after = await levels()

@@ -39,9 +39,13 @@ def test_no_tenants_means_an_open_gateway_with_an_unlimited_anonymous_tenant() -
 def test_keys_map_to_their_tenant_and_nothing_else_does() -> None:
     reg = registry(tenants=TENANTS)
     assert not reg.open and reg.keyless is None
-    acme = reg.by_key("key-a1")
-    assert acme is not None and acme is reg.by_key("key-a2") and acme.name == "acme"
-    assert reg.by_key("key-f") is reg.get("free")
+    acme, acme2 = reg.by_key("key-a1"), reg.by_key("key-a2")
+    assert acme is not None and acme2 is not None and acme.name == acme2.name == "acme"
+    # each key is its own principal (its own ledger label), with the tenant's policy
+    assert acme.key_label == "unnamed-" + hash_key("key-a1")[7:15] and acme2.key_label != acme.key_label
+    assert acme.buckets == acme2.buckets == reg.get("acme").buckets  # type: ignore[union-attr]
+    free = reg.by_key("key-f")
+    assert free is not None and free.name == "free" and free.band is Band.SHEDDABLE
     for wrong in ("", "key-a", "key-a1 ", "KEY-A1", hash_key("key-a1")):  # the stored hash is no key
         assert reg.by_key(wrong) is None
 

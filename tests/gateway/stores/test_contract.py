@@ -1,5 +1,6 @@
-"""The bucket store contract, run alike on the memory store and on Redis (a real server, with the
-test's clock passed to the script so time is controlled)."""
+"""The limit store contract, run alike on the memory store and on Redis (a real server, with the
+test's clock passed to the script so time is controlled): token buckets, and quota counters taken
+all or nothing together with them."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from gateway.stores.base import BucketStore
+from gateway.stores.base import Bucket, BucketStore, Counter
 from gateway.stores.memory import MemoryBucketStore
 from gateway.stores.redis_store import RedisBucketStore
 from tests.gateway.redis_server import RedisServer, redis_server  # noqa: F401
@@ -27,9 +28,11 @@ async def store_and_clock(
     clock = FakeClock()
     store: BucketStore
     if request.param == "memory":
-        store = MemoryBucketStore(clock)
+        store = MemoryBucketStore(clock, wall_clock=clock)
     else:
-        store = RedisBucketStore.from_url(redis_server.url, key_prefix="t:", timeout_s=2.0, clock=clock)
+        store = RedisBucketStore.from_url(
+            redis_server.url, key_prefix="t:", timeout_s=2.0, clock=clock, wall_clock=clock
+        )
     await store.start()
     try:
         yield store, clock
@@ -77,9 +80,9 @@ async def test_settle_refunds_the_unused_part_and_charges_an_overrun_as_debt(
     store, clock = store_and_clock
     t = await store.take([TOK], [500])
     levels = await store.settle([TOK], [500], [120], t.source)
-    assert levels is not None and levels[0].level == 880.0
+    assert levels is not None and levels.levels[0].level == 880.0
     levels = await store.settle([TOK], [0], [1500], t.source)  # an overrun beyond the reservation
-    assert levels is not None and levels[0].level == -620.0
+    assert levels is not None and levels.levels[0].level == -620.0
     refused = await store.take([TOK], [100])
     assert not refused.allowed and refused.retry_after_s == pytest.approx(7.2)  # (100 + 620) / 100
     clock.now += 7.2
@@ -90,7 +93,7 @@ async def test_settle_never_fills_above_capacity(store_and_clock: tuple[BucketSt
     store, _ = store_and_clock
     t = await store.take([TOK], [10])
     levels = await store.settle([TOK], [10_000], [0], t.source)
-    assert levels is not None and levels[0].level == 1000.0
+    assert levels is not None and levels.levels[0].level == 1000.0
 
 
 async def test_peek_reads_without_changing(store_and_clock: tuple[BucketStore, FakeClock]) -> None:
@@ -115,3 +118,91 @@ async def test_tenants_and_kinds_are_separate_buckets(store_and_clock: tuple[Buc
     assert (await store.take([REQ], [10])).allowed
     assert (await store.take([other], [10])).allowed
     assert not (await store.take([REQ], [1])).allowed
+
+
+def day(
+    limit: float, warn_level: float | None = None, name: str = "q:-:tokens-per-day:2026-12-03"
+) -> Counter:
+    return Counter("acme", name, limit, expires_at=1000.0 + 86_400, warn_level=warn_level)
+
+
+async def test_a_counter_and_the_buckets_take_all_or_nothing(
+    store_and_clock: tuple[BucketStore, FakeClock],
+) -> None:
+    store, _ = store_and_clock
+    q = day(500)
+    t = await store.take([REQ, TOK], [1, 300], [q], [300])
+    assert t.allowed and t.used == (300.0,) and t.counter_limiting == () and t.levels == (9.0, 700.0)
+    # the quota refuses: nothing is taken from the buckets either, and no retry time is the store's
+    t = await store.take([REQ, TOK], [1, 300], [q], [300])
+    assert not t.allowed and t.counter_limiting == (0,) and t.limiting == () and t.retry_after_s == 0
+    assert t.levels == (9.0, 700.0) and t.used == (300.0,)
+    # a bucket refuses: nothing is added to the counter
+    t = await store.take([REQ, TOK], [1, 900], [q], [100])
+    assert not t.allowed and t.limiting == (1,) and t.counter_limiting == () and t.used == (300.0,)
+    assert (await store.peek_counters([q]))[0] == (300.0,)
+    t = await store.take([], [], [q], [200])  # exactly up to the limit passes
+    assert t.allowed and t.used == (500.0,)
+    assert not (await store.take([], [], [q], [1])).allowed
+
+
+async def test_a_counter_settles_to_the_real_use_and_never_below_zero(
+    store_and_clock: tuple[BucketStore, FakeClock],
+) -> None:
+    store, _ = store_and_clock
+    q = day(1000)
+    t = await store.take([TOK], [400], [q], [400])
+    settled = await store.settle([TOK], [400], [150], t.source, [q], [400], [150])
+    assert settled is not None and settled.used == (150.0,) and settled.levels[0].level == 850.0
+    settled = await store.settle([], [], [], t.source, [q], [300], [0])
+    assert settled is not None and settled.used == (0.0,)
+    settled = await store.settle([], [], [], t.source, [q], [0], [70])  # an overrun is charged
+    assert settled is not None and settled.used == (70.0,)
+
+
+async def test_the_warning_is_reported_once_per_window(
+    store_and_clock: tuple[BucketStore, FakeClock],
+) -> None:
+    store, _ = store_and_clock
+    q = day(100, warn_level=80)
+    assert (await store.take([], [], [q], [79])).crossed == ()
+    t = await store.take([], [], [q], [1])
+    assert t.crossed == (0,)
+    settled = await store.settle([], [], [], t.source, [q], [1], [0])  # back under the level...
+    assert settled is not None and settled.crossed == () and settled.used == (79.0,)
+    assert (await store.take([], [], [q], [5])).crossed == ()  # ...and over again: not twice
+    other = day(100, warn_level=80, name="q:-:tokens-per-day:2026-12-04")  # the next window warns anew
+    assert (await store.settle([], [], [], t.source, [other], [0], [90])) is not None  # missing: nothing
+    assert (await store.take([], [], [other], [90])).crossed == (0,)
+
+
+async def test_a_counter_past_its_lifetime_is_gone_and_takes_nothing_in_settle(
+    store_and_clock: tuple[BucketStore, FakeClock],
+) -> None:
+    store, clock = store_and_clock
+    q = Counter("acme", "q:-:requests-per-day:2026-12-03", 2, expires_at=clock.now + 10)
+    t = await store.take([], [], [q], [2])
+    assert t.allowed and t.used == (2.0,)
+    assert not (await store.take([], [], [q], [1])).allowed
+    clock.now += 10  # the window's end plus grace has passed
+    settled = await store.settle([], [], [], t.source, [q], [1], [0])
+    assert settled is not None and settled.used == (0.0,)
+    assert (await store.peek_counters([q]))[0] == (0.0,)
+
+
+async def test_concurrent_takes_never_overshoot_a_counter(
+    store_and_clock: tuple[BucketStore, FakeClock],
+) -> None:
+    store, _ = store_and_clock
+    q = day(95)
+    results = await asyncio.gather(*(store.take([REQ], [0], [q], [10]) for _ in range(50)))
+    assert sum(r.allowed for r in results) == 9
+    assert (await store.peek_counters([q]))[0] == (90.0,)
+
+
+async def test_tenant_and_key_buckets_are_separate(store_and_clock: tuple[BucketStore, FakeClock]) -> None:
+    store, _ = store_and_clock
+    key_req = Bucket("acme", "requests", REQ.spec, key="ci-bot")
+    assert (await store.take([REQ, key_req], [1, 10])).allowed
+    t = await store.take([REQ, key_req], [1, 1])
+    assert not t.allowed and t.limiting == (1,) and t.levels == (9.0, 0.0)

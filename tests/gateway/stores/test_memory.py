@@ -25,7 +25,7 @@ def test_take_settle_and_peek_complete_without_suspending() -> None:
     t = run_without_yielding(store.take([TOK], [30]))
     assert t.allowed and t.levels == (70.0,) and t.source == "memory"
     levels = run_without_yielding(store.settle([TOK], [30], [10], t.source))
-    assert levels[0].level == 90.0
+    assert levels.levels[0].level == 90.0
     (lv,), source = run_without_yielding(store.peek([TOK]))
     assert lv.level == 90.0 and source == "memory"
 

@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator, Callable
 import pytest
 
 from gateway.metrics import GatewayMetrics
-from gateway.stores.base import StoreUnavailable
+from gateway.stores.base import Counter, StoreUnavailable
 from gateway.stores.memory import MemoryBucketStore
 from gateway.stores.redis_store import RedisBucketStore
 from gateway.stores.resilient import LOCAL, ResilientStore
@@ -134,7 +134,7 @@ async def test_settles_follow_their_reservation(make: Make, redis_server: RedisS
     await wait_up(s)
     # a local reservation is settled locally even after Redis is back
     levels = await s.settle([TOK], [300], [100], local.source)
-    assert levels is not None and levels[0].level == 900.0
+    assert levels is not None and levels.levels[0].level == 900.0
 
 
 async def test_start_with_redis_down_degrades_and_recovers(make: Make, redis_server: RedisServer) -> None:  # noqa: F811
@@ -146,3 +146,26 @@ async def test_start_with_redis_down_degrades_and_recovers(make: Make, redis_ser
     redis_server.start()
     await wait_up(s)
     assert (await s.take([TOK], [1])).source == "redis"
+
+
+async def test_fail_open_quota_share_is_of_what_was_left_when_redis_last_answered(
+    make: Make,
+    redis_server: RedisServer,  # noqa: F811
+) -> None:
+    s = make(fail_open=True, gateways=4)
+    await s.start()
+    q = Counter("acme", "q:-:tokens-per-month:2026-12", 1000, time.time() + 3600, warn_level=10)
+    t = await s.take([], [], [q], [600])
+    assert t.source == "redis" and t.used == (600.0,)
+    redis_server.stop()
+    # 400 were left; this gateway's quarter of them is 100
+    t = await s.take([], [], [q], [100])
+    assert t.allowed and t.source == LOCAL and t.used == (100.0,) and t.crossed == ()  # no local warnings
+    assert not (await s.take([], [], [q], [1])).allowed
+    settled = await s.settle([], [], [], LOCAL, [q], [100], [40])
+    assert settled is not None and settled.used == (40.0,)
+    (used,), source = await s.peek_counters([q])
+    assert used == 40.0 and source == LOCAL
+    # a counter this gateway never saw: its share of the whole limit
+    fresh = Counter("acme", "q:-:requests-per-day:2026-12-03", 8, time.time() + 3600)
+    assert [(await s.take([], [], [fresh], [1])).allowed for _ in range(3)] == [True, True, False]
