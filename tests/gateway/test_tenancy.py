@@ -30,6 +30,8 @@ INFO = RequestInfo(model="m", base_model="m", adapter=None, prompt_tokens=40, ma
         (Usage(40, 7), None, Charge(1, 47, 40, 7)),
         # the stream broke or the client left: prompt estimate + events, marked as an estimate
         (None, Outcome(status=200, attempts=1, events=5), Charge(1, 45, 40, 5, 0, True)),
+        # ... never more output than the request reserved (max_tokens 100), whatever a replica sent
+        (None, Outcome(status=200, attempts=1, events=5000), Charge(1, 140, 40, 100, 0, True)),
         (None, Outcome(status=0, attempts=1), Charge(1, 40, 40, 0, 0, True)),  # left during prefill
         (None, Outcome(status=0, attempts=2, error_kind="timeout"), Charge(0, 0)),  # all attempts failed
         (None, Outcome(status=400, attempts=1), Charge(1, 0)),  # the replica refused it
