@@ -25,7 +25,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import httpx
 import pytest
@@ -77,22 +77,22 @@ class Processes:
 
     def __init__(self, logs: Path) -> None:
         self.logs = logs
-        self.procs: list[tuple[str, subprocess.Popen[Any]]] = []
+        self.procs: list[tuple[subprocess.Popen[Any], IO[bytes]]] = []
 
     def start(self, name: str, args: list[str], stdout: Any = None) -> subprocess.Popen[Any]:
-        log = open(self.logs / f"{name}.log", "wb")  # noqa: SIM115 - closed with the process
+        log = open(self.logs / f"{name}.log", "wb")  # noqa: SIM115 - closed in stop()
         proc = subprocess.Popen(args, stdout=stdout or log, stderr=log, stdin=subprocess.DEVNULL)
-        self.procs.append((name, proc))
+        self.procs.append((proc, log))
         return proc
 
     def log(self, name: str) -> str:
         return (self.logs / f"{name}.log").read_text(errors="replace")[-3000:]
 
     def stop(self) -> None:
-        for _name, proc in reversed(self.procs):
+        for proc, _log in reversed(self.procs):
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)
-        for _name, proc in reversed(self.procs):
+        for proc, log in reversed(self.procs):
             try:
                 proc.wait(timeout=10)
             except subprocess.TimeoutExpired:
@@ -100,6 +100,7 @@ class Processes:
                 proc.wait()
             if proc.stdout:
                 proc.stdout.close()
+            log.close()
 
 
 @dataclass
