@@ -1,49 +1,81 @@
-"""Suite-wide rules: tests that need a real Redis run against a private `redis-server` from PATH.
+"""Suite-wide rules: tests that need a program from the machine (a real Redis, a real Prometheus) find
+it on PATH, and say so by asking for a fixture named below.
 
 On a machine without one, the README's test command still passes: those tests are skipped and the
-summary says so in one line, naming the package to install. Under CI (`CI=true`, which `.ci/run`
-sets) a missing `redis-server` is an error instead: CI must prove the Redis store, not skip it.
+summary says so in one line per program, naming the package to install. Under CI (`CI=true`, which
+`.ci/run` sets, and `.ci/run` installs them) a missing program is an error instead: CI must prove the
+Redis store and the monitoring files, not skip them.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+from typing import NamedTuple
 
 import pytest
 
-REDIS_FIXTURE = "redis_server"
-_INSTALL_HINT = (
-    "install the redis-server package (Debian/Ubuntu: apt install redis-server; macOS: brew install redis)"
-)
+
+class Needs(NamedTuple):
+    what: str  # names the tests in the summary line
+    executables: tuple[str, ...]
+    hint: str
+
+
+# fixture name -> the programs its tests need
+NEEDS: dict[str, Needs] = {
+    "redis_server": Needs(
+        "Redis",
+        ("redis-server",),
+        "install the redis-server package "
+        "(Debian/Ubuntu: apt install redis-server; macOS: brew install redis)",
+    ),
+    "prometheus_package": Needs(
+        "Prometheus",
+        ("prometheus", "promtool"),
+        "install the prometheus package, which brings promtool too "
+        "(Debian/Ubuntu: apt install prometheus; macOS: brew install prometheus)",
+    ),
+}
 
 
 def _in_ci() -> bool:
     return os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
 
+def _missing(needs: Needs) -> list[str]:
+    return [exe for exe in needs.executables if shutil.which(exe) is None]
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if shutil.which("redis-server") is not None:
-        return
-    needing = [it for it in items if REDIS_FIXTURE in getattr(it, "fixturenames", ())]
-    if not needing:
-        return
-    if _in_ci():
-        raise pytest.UsageError(
-            f"CI=true but redis-server is not on PATH: {len(needing)} tests need it; {_INSTALL_HINT}"
-        )
-    skip = pytest.mark.skip(reason=f"redis-server is not on PATH; {_INSTALL_HINT}")
-    for it in needing:
-        it.add_marker(skip)
-    config.stash[_SKIPPED] = len(needing)
+    skipped: dict[str, int] = {}
+    for fixture, needs in NEEDS.items():
+        missing = _missing(needs)
+        if not missing:
+            continue
+        needing = [it for it in items if fixture in getattr(it, "fixturenames", ())]
+        if not needing:
+            continue
+        absent = f"{' and '.join(missing)} {'is' if len(missing) == 1 else 'are'} not on PATH"
+        if _in_ci():
+            raise pytest.UsageError(f"CI=true but {absent}: {len(needing)} tests need it; {needs.hint}")
+        skip = pytest.mark.skip(reason=f"{absent}; {needs.hint}")
+        for it in needing:
+            it.add_marker(skip)
+        skipped[f"{needs.what} tests skipped: {absent}; {needs.hint}"] = len(needing)
+    config.stash[_SKIPPED] = skipped
 
 
-_SKIPPED = pytest.StashKey[int]()
+_SKIPPED = pytest.StashKey[dict[str, int]]()
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:
-    n = config.stash.get(_SKIPPED, 0)
-    if n:
-        terminalreporter.write_line(
-            f"{n} Redis tests skipped: redis-server is not on PATH; {_INSTALL_HINT}", yellow=True
-        )
+    for line, n in config.stash.get(_SKIPPED, {}).items():
+        terminalreporter.write_line(f"{n} {line}", yellow=True)
+
+
+@pytest.fixture(scope="session")
+def prometheus_package() -> dict[str, str]:
+    """Paths of `prometheus` and `promtool` (Debian's prometheus package has both)."""
+    paths = {exe: shutil.which(exe) for exe in NEEDS["prometheus_package"].executables}
+    return {exe: path for exe, path in paths.items() if path is not None}
