@@ -19,6 +19,7 @@ from starlette.exceptions import HTTPException
 
 from gateway.auth_keys import bearer_token
 from gateway.gateway import Gateway
+from gateway.route_admin import register_route_admin
 
 
 def register_admin_routes(api: FastAPI, gateway: Callable[[], Gateway]) -> None:
@@ -50,3 +51,5 @@ def register_admin_routes(api: FastAPI, gateway: Callable[[], Gateway]) -> None:
         if t is None:
             raise HTTPException(404, f"No tenant named '{name}'.")
         return await tenancy.status(t)
+
+    register_route_admin(api, guard)  # /admin/routes (A/B routing, gateway/route_admin.py)

@@ -86,6 +86,9 @@ class Dispatch:
     # Each gap between two stream chunks relayed to the client, in seconds, as the stream goes
     # (the model's inter-chunk latency histogram): n chunks relayed, n - 1 calls.
     observe_itl: Callable[[float], None] = lambda _gap: None
+    # (the replica's `"model":<name>` bytes, the client's) when the client named the model otherwise
+    # (a route, an adapter's canonical name): replaced in the answer as bytes; None costs nothing.
+    rewrite: tuple[bytes, bytes] | None = None
 
 
 class Forwarder:
@@ -206,6 +209,8 @@ class Forwarder:
                 out.usage = usage_from(orjson.loads(body))
             except orjson.JSONDecodeError:
                 out.usage = None
+            if d.rewrite is not None:
+                body = body.replace(*d.rewrite)
         headers = [
             (b"content-type", resp.headers.get("content-type", "application/json").encode("latin-1")),
             (b"content-length", b"%d" % len(body)),
@@ -236,6 +241,7 @@ class Forwarder:
         for the client by send_s (one `StallWatch`: no per-chunk timer work)."""
         headers = [*_SSE_HEADERS, (b"x-kvgate-replica", replica.name.encode()), *d.response_headers]
         filt = SseFilter(strip_usage=d.strip_usage)
+        feed = filt.feed if d.rewrite is None else _rewriting(filt.feed, *d.rewrite)
         observe_itl = d.observe_itl
         clock = time.perf_counter
         last = 0.0  # clock() when the last chunk was relayed (0: none yet)
@@ -248,7 +254,7 @@ class Forwarder:
                 out.first_byte_at = clock()
                 data = first
                 while data:
-                    chunk = filt.feed(data)
+                    chunk = feed(data)
                     if chunk:
                         now = clock()
                         if last:
@@ -269,6 +275,8 @@ class Forwarder:
             out.usage = filt.usage
             out.events = filt.events
         held, partial = filt.flush()  # events a CR-framed stream's last read could not yet end
+        if d.rewrite is not None:
+            held = held.replace(*d.rewrite)
         out.usage = filt.usage
         out.events = filt.events
         if filt.done:
@@ -297,6 +305,17 @@ class Forwarder:
         closes the upstream request; the ASGI server closes the unfinished client response."""
         out.slow_client = True
         self._metrics.slow_clients.inc()
+
+
+def _rewriting(feed: Callable[[bytes], bytes], old: bytes, new: bytes) -> Callable[[bytes], bytes]:
+    """`feed` whose whole events carry `new` where the replica wrote `old` (bytes.replace: a search
+    of the chunk, a copy only when found). `old` is `"model":<JSON string>` as vLLM writes it (no
+    space after the colon); inside a JSON string every quote is escaped, so only a key matches."""
+
+    def rewriting_feed(data: bytes) -> bytes:
+        return feed(data).replace(old, new)
+
+    return rewriting_feed
 
 
 def _final_error(kind: str, detail: str) -> GatewayError:

@@ -20,6 +20,7 @@ from gateway.fleet.scraper import FleetScraper, build_client
 from gateway.fleet.state import FleetChange, FleetState
 from gateway.forwarder import Forwarder, Timeouts
 from gateway.metrics import GatewayMetrics, gauge_family
+from gateway.model_routes import ModelRoutes
 from gateway.routing import Router
 from gateway.tenancy import Tenancy
 from gateway.upstream import UpstreamPool
@@ -44,6 +45,9 @@ class Gateway:
         self.fleet = FleetState(config.replicas, config.fleet, clock)
         self.router = Router(config, self.rng)
         self.tenancy = Tenancy(config, self.fleet, self.metrics, clock)
+        # A/B routing: routes, their runtime weights, adapter placement, shadow copies (issue #12).
+        # reload: a config reload calls `await self.model_routes.reload(new_config)` (resets routes).
+        self.model_routes = ModelRoutes(config, self.fleet, self.router, self.metrics, self.rng, clock)
         self.session_header = config.scheduling.session_header.lower().encode("latin-1")
         self.fleet.add_listener(self._on_fleet_change)
         self.metrics.add_callback(self._collect_fleet_gauges)
@@ -80,8 +84,10 @@ class Gateway:
         self._scraper = FleetScraper(self.fleet, self.config.fleet, self._scrape_pool, rng=self.rng)
         await self._scraper.start()
         await self.tenancy.start()
+        await self.model_routes.start(self._pool, self._forwarder, self.tenancy.admission)
 
     async def stop(self) -> None:
+        await self.model_routes.stop()
         await self.tenancy.stop()
         if self._scraper is not None:
             await self._scraper.stop()
