@@ -76,6 +76,11 @@ class ShadowSender:
         self._forwarder = forwarder
         self._admission = admission
 
+    @property
+    def running(self) -> int:
+        """Shadow copies in flight now, all routes together."""
+        return len(self._tasks)
+
     def set_limits(self, limits: Mapping[str, int]) -> None:
         self._limits = dict(limits)
 
