@@ -20,6 +20,7 @@ mirror copy costs a `dataclasses.replace` on the sampled requests only).
 
 from __future__ import annotations
 
+import logging
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -43,6 +44,7 @@ from policies.route_choice import (
     sticky_key,
 )
 
+log = logging.getLogger(__name__)
 _HOWS = ("sticky", "random", "override", "fallback", "mirror")
 
 
@@ -92,6 +94,7 @@ class ModelResolver:
         self._servable: frozenset[str] = frozenset()
         self._routed: dict[str, dict[tuple[str, str], Resolution]] = {}
         self._mirrors: dict[str, Resolution] = {}
+        self._clashes: set[str] = set()  # adapter names like a route's, warned about once
         self.configure(table, config)
         fleet.add_listener(self._on_fleet_change)
 
@@ -193,6 +196,9 @@ class ModelResolver:
                     servable.add(canonical(r.pool, a))
         for pool, a in self._configured:
             self._add_adapter(direct, pool, a)
+        for name in direct.keys() & self._table.routes.keys() - self._clashes:
+            self._clashes.add(name)
+            log.warning("an adapter is served under the route name %r: requests for it go to the route", name)
         self._direct = direct
         self._servable = frozenset(servable)
 

@@ -13,12 +13,12 @@ llama-3-8b:chat-a / llama-3-8b:chat-b:
 - `random`: no sticky key, every request draws its arm;
 - `mirrored`: as `sticky`, plus a shadow copy of 10% of the requests to llama-3-8b:chat-c.
 
-The workload is `multi-turn` (system prompt 1,024 tokens, 128 per user turn, 64 output tokens per
-answer; `--active` conversations at once, closed loop), each request sent with its conversation's
-`x-session-id`, so session affinity keeps a conversation on its replica in every phase: what differs
-is only the arm. vLLM keys its prefix cache by adapter, so a conversation that changes arm finds
-nothing of its history cached under the new one. Per seed the three phases run in a rotated order,
-each on fresh conversations, with the replicas' prefix caches emptied before each.
+The workload is `multi-turn` (a system prompt of `--system-tokens` tokens, 128 per user turn, 64
+output tokens per answer; `--active` conversations at once, closed loop), each request sent with its
+conversation's `x-session-id`, so session affinity keeps a conversation on its replica in every
+phase: what differs is only the arm. vLLM keys its prefix cache by adapter, so a conversation that
+changes arm finds nothing of its history cached under the new one. Per seed the three phases run in
+a rotated order, each on fresh conversations, with the replicas' prefix caches emptied before each.
 
 Reported per phase: the prefix hit rate (cached / prompt tokens, from the replicas' usage in each
 answer) and TTFT p50 / p90 / p99 in simulated seconds (wall / time scale); for `mirrored`, the copies
@@ -76,8 +76,9 @@ def gateway_config(urls: list[str]) -> dict[str, Any]:
 
 def workload(phase: str, args: argparse.Namespace, seed: int) -> list[RequestSpec]:
     wl = MultiTurnWorkload(
-        conversations=args.conversations, turns=args.turns, system_prompt_tokens=1024, user_tokens=128,
-        output_tokens=64, model=phase, seed=seed * 10 + PHASES.index(phase), active_conversations=args.active,
+        conversations=args.conversations, turns=args.turns, system_prompt_tokens=args.system_tokens,
+        user_tokens=128, output_tokens=64, model=phase, seed=seed * 10 + PHASES.index(phase),
+        active_conversations=args.active,
     )  # fmt: skip
     return [replace(s, headers={"x-session-id": f"{phase}-{seed}-{s.session_id}"}) for s in wl.requests()]
 
@@ -105,6 +106,7 @@ def describe(result: RunResult, time_scale: float) -> dict[str, Any]:
     return {
         "requests": m.requests,
         "errors": m.errors,
+        "error_kinds": dict(m.error_kinds),
         "hit_rate": m.cached_token_fraction,
         "ttft_p50_s": sim(m.ttft.p50),
         "ttft_p90_s": sim(m.ttft.p90),
@@ -166,7 +168,9 @@ def fmt_phase(p: dict[str, Any]) -> str:
     return (
         f"hit rate {fmt(p['hit_rate'], 100, '.1f')}%, TTFT p50/p90/p99 "
         f"{fmt(p['ttft_p50_s'], 1e3)}/{fmt(p['ttft_p90_s'], 1e3)}/{fmt(p['ttft_p99_s'], 1e3)} ms, "
-        f"{p['requests']} requests, {p['errors']} errors, {p['wall_s']:.0f} s wall{extra}"
+        f"{p['requests']} requests, {p['errors']} errors{' ' + str(p['error_kinds']) if p['errors'] else ''}"
+        ", "
+        f"{p['wall_s']:.0f} s wall{extra}"
     )
 
 
@@ -238,6 +242,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--conversations", type=int, default=32, help="conversations per phase")
     p.add_argument("--active", type=int, default=16, help="conversations at once (closed-loop streams)")
     p.add_argument("--turns", type=int, default=5)
+    p.add_argument("--system-tokens", type=int, default=1024, help="each conversation's system prompt")
     p.add_argument("--kv-blocks", type=int, default=2048, help="KV blocks of 16 tokens per replica")
     p.add_argument("--time-scale", type=float, default=5.0, help="wall seconds per simulated second")
     p.add_argument("--out", help="write every figure as JSON")
