@@ -77,7 +77,7 @@ class ModelRoutes:
         self.resolver = ModelResolver(self.table, config, fleet, rng)
         self.shadow = ShadowSender(
             fleet, router, self.metrics, _mirror_limits(config), self.resolver.servable,
-            self.loader.start_load, clock,
+            self.loader.start_load, clock, engine_priority=config.flow_control.pass_priority,
         )  # fmt: skip
         self._retry_after = str(config.flow_control.retry_after_fallback_s).encode()
 

@@ -14,9 +14,13 @@ sheddable, in this order:
   load the replica) and in the per-variant metrics with `shadow="true"`.
 
 The copy is the primary's upstream body with the mirror's served model name; its answer is read to
-the end (streamed or not) and dropped. Whatever happens to it — an error status, a broken or hung
-stream (bounded by the upstream timeouts) — is logged at debug and counted, and changes nothing for
-the client. `stop()` cancels every copy still running (closing its upstream request).
+the end (streamed or not) and dropped. When the replicas schedule by priority
+(`flow_control.pass_priority`), a copy is sent with vLLM `priority` `SHADOW_PRIORITY`, below every
+band, so the engines run real requests first and preempt copies before them: a copy shares the
+GPU with the primaries, and without this it delays them like any request (docs/benchmarks.md).
+Whatever happens to a copy — an error status, a broken or hung stream (bounded by the upstream
+timeouts) — is logged at debug and counted, and changes nothing for the client. `stop()` cancels
+every copy still running (closing its upstream request).
 """
 
 from __future__ import annotations
@@ -37,9 +41,11 @@ from gateway.forwarder import Dispatch, Forwarder, Outcome
 from gateway.model_resolver import Resolution
 from gateway.route_metrics import RouteMetrics
 from gateway.routing import Router
-from policies.types import ReplicaState, RequestInfo
+from policies.types import Band, ReplicaState, RequestInfo
 
 log = logging.getLogger(__name__)
+
+SHADOW_PRIORITY = int(Band.SHEDDABLE) + 1  # vLLM serves lower values first: after every real band
 
 
 async def _discard(_msg: MutableMapping[str, Any]) -> None:
@@ -58,7 +64,9 @@ class ShadowSender:
         servable: Callable[[Resolution], bool],
         start_load: Callable[[str, str], None],
         clock: Callable[[], float] = time.monotonic,
+        engine_priority: bool = False,
     ) -> None:
+        self._priority = SHADOW_PRIORITY if engine_priority else None
         self._fleet = fleet
         self._router = router
         self._m = metrics
@@ -137,6 +145,8 @@ class ShadowSender:
         assert self._forwarder is not None
         doc = orjson.loads(body)
         doc["model"] = m.adapter if m.adapter is not None else m.pool
+        if self._priority is not None:
+            doc["priority"] = self._priority
         facts = self._router.prompt_facts(endpoint, doc, m.pool, m.adapter)
         info = replace(
             primary, model=m.requested, base_model=m.pool, adapter=m.adapter,

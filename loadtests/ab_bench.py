@@ -13,6 +13,9 @@ llama-3-8b:chat-a / llama-3-8b:chat-b:
 - `random`: no sticky key, every request draws its arm;
 - `mirrored`: as `sticky`, plus a shadow copy of 10% of the requests to llama-3-8b:chat-c.
 
+`--priority` runs the replicas with `--scheduling-policy priority` and kvgate with
+`flow_control.pass_priority`: real requests carry their band, shadow copies a lower priority.
+
 The workload is `multi-turn` (a system prompt of `--system-tokens` tokens, 128 per user turn, 64
 output tokens per answer; `--active` conversations at once, closed loop), each request sent with its
 conversation's `x-session-id`, so session affinity keeps a conversation on its replica in every
@@ -57,10 +60,11 @@ MIRROR = f"{BASE}:chat-c"
 PHASES = ("sticky", "random", "mirrored")
 
 
-def gateway_config(urls: list[str]) -> dict[str, Any]:
+def gateway_config(urls: list[str], priority: bool = False) -> dict[str, Any]:
     split = [{"model": a, "weight": 50} for a in ARMS]
     sticky = ["header:x-session-id"]
     return {
+        "flow_control": {"pass_priority": priority},
         "server": {"host": "127.0.0.1", "port": free_port(), "log_level": "warning"},
         "replicas": [{"url": u, "model": BASE, "name": f"r{i}"} for i, u in enumerate(urls)],
         "models": [{"name": BASE}],
@@ -205,11 +209,13 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         "--time-scale", str(args.time_scale), "--kv-blocks", str(args.kv_blocks), "--max-loras", "3",
         "--adapters", "chat-a,chat-b,chat-c",
     ]  # fmt: skip
+    if args.priority:
+        sim_args += ["--scheduling-policy", "priority"]
     seeds: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="kvgate-ab-") as tmp:
         logs = Path(tmp)
         with SimFleetProcess(sim_args, args.replicas, layout.sim_cpus, logs / "sim.log") as sim:
-            cfg = gateway_config(sim.urls)
+            cfg = gateway_config(sim.urls, args.priority)
             async with GatewayProcess(cfg, logs / "gateway.yaml", layout.gateway_cpus, logs / "gw.log") as gw:
                 await warm_up(gw.url)
                 for seed in range(args.seeds):
@@ -254,6 +260,11 @@ def main(argv: list[str] | None = None) -> int:
         "--warmup-s", type=float, default=5.0,
         help="wall seconds at the start of each phase not measured: every conversation's first turn "
         "arrives at once there, the same burst of uncached prefills in every mode",
+    )  # fmt: skip
+    p.add_argument(
+        "--priority", action="store_true",
+        help="replicas schedule by priority and kvgate passes it (flow_control.pass_priority): shadow "
+        "copies then run after real requests",
     )  # fmt: skip
     p.add_argument("--out", help="write every figure as JSON")
     p.add_argument("--no-pin", action="store_true")

@@ -139,3 +139,31 @@ async def test_sampling_sends_about_the_mirror_percent() -> None:
         await wait_for(lambda: s.gateway.model_routes.shadow.running == 0)
         copies = await metric_value(s.client, "kvgate_route_requests_total", {"shadow": "true"})
         assert 25 <= copies <= 75  # 25% of 200, seeded draws
+
+
+async def test_with_engine_priorities_copies_are_sent_below_every_band() -> None:
+    # The main replicas schedule by priority; the mirror replica does not, so it refuses any request
+    # that carries one (vLLM's 400): every copy is refused, which shows that copies carry a priority.
+    cfg = {"routes": [mirrored()], "flow_control": {"pass_priority": True}}
+    async with contextlib.AsyncExitStack() as es:
+        main = await es.enter_async_context(
+            SimFleet(replicas=1, profile="tiny", scheduling_policy="priority")
+        )
+        mirror = await es.enter_async_context(SimFleet(replicas=1, profile="tiny", model=MIRROR))
+        config = parse_config(merge(base_config([(main, MODEL, "r"), (mirror, MIRROR, "m")]), cfg))
+        server = await es.enter_async_context(GatewayServer(config))
+        client = await es.enter_async_context(httpx.AsyncClient(base_url=server.url, timeout=30))
+        s = Stack(main, server, client)
+        await wait_until_scraped(s)
+        for i in range(4):
+            r = await client.post("/v1/chat/completions", json=chat(f"q{i}", model="chat"))
+            assert r.status_code == 200
+        await wait_for(lambda: s.gateway.model_routes.shadow.running == 0)
+        assert (
+            await metric_value(client, "kvgate_route_requests_total", {"shadow": "true", "status": "400"})
+            == 4
+        )
+    from gateway.shadow import SHADOW_PRIORITY
+    from policies.types import Band
+
+    assert max(int(b) for b in Band) < SHADOW_PRIORITY
