@@ -155,6 +155,9 @@ async def test_the_answer_names_what_served_it_and_carries_the_name_the_client_s
                 else:
                     bodies = [r.json()]
                 assert bodies and all(b["model"] == sent for b in bodies)  # the client's own name
+        gaps = {"route": "chat", "shadow": "false"}  # the one routed stream (3 tokens): gaps seen
+        assert await metric_value(s.client, "kvgate_route_inter_chunk_latency_seconds_count", gaps) >= 1
+        assert await metric_value(s.client, "kvgate_route_inter_chunk_latency_seconds_sum", gaps) > 0
         models = (await s.client.get("/v1/models")).json()["data"]
         assert {"id": "chat", "parent": None}.items() <= next(m for m in models if m["id"] == "chat").items()
         r = await s.client.post("/v1/chat/completions", json=chat("x", model="nope"))

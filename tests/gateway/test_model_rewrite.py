@@ -9,10 +9,13 @@ import orjson
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from prometheus_client import CollectorRegistry, Histogram
 
 from gateway.config import parse_config
 from gateway.forwarder import _rewriting
+from gateway.metrics import ITL_BUCKETS
 from gateway.model_resolver import Resolution
+from gateway.route_metrics import Gaps
 from gateway.route_table import RouteOverride, RouteTable
 from gateway.sse_filter import SseFilter
 
@@ -114,3 +117,21 @@ def test_an_override_made_for_other_targets_or_garbage_is_not_applied() -> None:
     assert not table.apply("nope", o)
     with pytest.raises(ValueError, match="not a route override"):
         RouteOverride.decode(b'{"targets": 3}')
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.one_of(st.sampled_from(ITL_BUCKETS), st.floats(0, 20, allow_nan=False)), max_size=50))
+def test_the_routes_gap_histogram_counts_as_prometheus_does(gaps: list[float]) -> None:
+    registry = CollectorRegistry()
+    reference = Histogram("h", "h", buckets=ITL_BUCKETS, registry=registry)
+    mine = Gaps()
+    for g in gaps:
+        reference.observe(g)
+        mine.observe(g)
+    samples = {
+        s.labels.get("le"): s.value for s in next(iter(registry.collect())).samples if s.name == "h_bucket"
+    }
+    assert [(le, n) for le, n in mine.buckets()] == [(str(b), samples[str(b)]) for b in ITL_BUCKETS] + [
+        ("+Inf", samples["+Inf"])
+    ]
+    assert mine.total == pytest.approx(sum(gaps))
