@@ -52,4 +52,3 @@ def test_summary_takes_the_median_and_the_worst_of_each_figure() -> None:
     assert (
         ab_bench.summarize([{**seeds[0], "mirror_p99_change": None}])["mirror_p99_change"]["median"] is None
     )
-
