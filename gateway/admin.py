@@ -11,6 +11,8 @@
     GET    /admin/replicas                   every replica: state, source, URL, pool, health, in flight
     POST   /admin/replicas/{name}/drain      no new requests for it (terminating); its streams finish
     DELETE /admin/replicas/{name}/drain      undrain: its state follows its source again
+    GET    /admin/routes[/{name}]            A/B routes: weights, buckets, live counts, latency per arm
+    PUT    /admin/routes/{name}              runtime weights (every gateway); DELETE: back to the file's
 
 `Authorization: Bearer <admin key>`. No key or an unknown key: 401; a valid TENANT key: 403 (known,
 but not an admin); no admin keys configured at all: 403 (the admin API is off). Errors are in
@@ -36,6 +38,7 @@ from gateway import admin_changes, tenant_status
 from gateway.auth_keys import bearer_token
 from gateway.errors import GatewayError
 from gateway.gateway import Gateway
+from gateway.route_admin import register_route_admin
 from gateway.tenancy import Tenancy
 from gateway.usage_report import BadQuery, group, parse_query, to_csv, totals
 from policies.quota_window import iso_local
@@ -200,6 +203,12 @@ def register_admin_routes(api: FastAPI, gateway: Callable[[], Gateway]) -> None:
             "data": data,
             "totals": totals(data),
         }
+
+    def admin_gateway(request: Request) -> Gateway:
+        guard(request)
+        return gateway()
+
+    register_route_admin(api, admin_gateway)  # /admin/routes (A/B routing, gateway/route_admin.py)
 
 
 def replica_summary(gw: Gateway, name: str) -> dict[str, Any]:

@@ -191,6 +191,16 @@ class AdmissionQueue:
         if p.queue:
             self._drain(p, now)
 
+    def has_spare_room(self, pool: str) -> bool:
+        """Whether `pool` could take one more request now that no one waits for: its queue is empty
+        and it has room beyond the fair-share reserve. Extra work that must never be queued ahead of
+        real traffic (shadow copies) asks this and is dropped when the answer is no."""
+        p = self._pools.get(pool)
+        if p is None or p.queue:
+            return False
+        reserve = self._reserve(p)
+        return reserve < self._room(p, self._clock(), reserve + 1) < _DOWN
+
     def in_flight_of(self, tenant: str) -> int:
         """Requests of `tenant` let through and not yet `leave`-d, all pools together."""
         return sum(p.share.in_flight_of(tenant) for p in self._pools.values())

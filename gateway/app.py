@@ -142,6 +142,10 @@ class KvgateApp:
                 {"id": a, "object": "model", "created": created, "owned_by": "kvgate", "parent": base}
                 for a, base in fm.adapters.items()
             ]
+            data += [  # routes (A/B): a client-facing name kvgate resolves to one of its targets
+                {"id": r, "object": "model", "created": created, "owned_by": "kvgate", "parent": None}
+                for r in self._gw().model_routes.names()
+            ]
             return {"object": "list", "data": data}
 
         register_admin_routes(api, self._gw)

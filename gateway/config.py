@@ -15,6 +15,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from gateway.config_discovery import DiscoveryConfig
+from gateway.config_routes import RouteConfig, check_adapter_sources, route_problems
 from gateway.config_tenancy import (
     AdminKeyConfig,
     KeyConfig,
@@ -96,6 +97,16 @@ class ModelConfig(ReplicaCredential):
     name: str = Field(min_length=1)
     # "sim": the simulator's own tokenizer (exact counts and token blocks); none: ~4 bytes per token.
     tokenizer: Literal["none", "sim"] = "none"
+    # LoRA adapters kvgate may load on this pool's replicas when none holds one a request needs:
+    # served name -> source path for vLLM's POST /v1/load_lora_adapter (gateway/adapter_loader.py).
+    adapters: dict[str, str] = Field(default_factory=dict)
+    max_adapters_per_replica: int | None = Field(None, ge=1)  # past it, least recently used unloaded
+    adapter_load_timeout_s: float = Field(30.0, gt=0, allow_inf_nan=False)  # a request waits this long
+
+    @field_validator("adapters")
+    @classmethod
+    def _adapter_sources(cls, v: dict[str, str]) -> dict[str, str]:
+        return check_adapter_sources(v)
 
 
 class ReplicaConfig(ReplicaCredential):
@@ -321,6 +332,7 @@ class Config(_Strict):
     state: StateConfig = StateConfig()
     flow_control: FlowControlConfig = FlowControlConfig()
     ledger: LedgerConfig = LedgerConfig()
+    routes: tuple[RouteConfig, ...] = ()  # A/B routing of models and adapters (gateway/config_routes.py)
 
     @model_validator(mode="after")
     def _consistent(self) -> Config:
@@ -338,6 +350,9 @@ class Config(_Strict):
         anon = self.auth.anonymous_tenant
         if anon is not None and anon not in tenants:
             raise ValueError(f"auth.anonymous_tenant: no tenant named {anon!r}")
+        problems = route_problems(self)
+        if problems:
+            raise ValueError("; ".join(problems))
         return self
 
     def model_settings(self, name: str) -> ModelConfig:

@@ -52,6 +52,15 @@ def check_semantics(config: Config) -> None:
 def config_warnings(config: Config) -> list[str]:
     """Settings that are allowed but weaken something, one `path: what it means` line each."""
     warnings = []
+    tenants = {t.name for t in config.tenants}
+    for i, r in enumerate(config.routes):
+        for where, names in (("override_tenants", r.override_tenants), ("tenant_targets", r.tenant_targets)):
+            unknown = sorted(set(names) - tenants)
+            if unknown:
+                warnings.append(
+                    f"routes[{i}].{where}: no tenant named {', '.join(map(repr, unknown))} in this config "
+                    "(it applies only once such a tenant exists)"
+                )
     if not config.upstream.tls_verify:
         warnings.append(
             "upstream.tls_verify is false: https:// replicas' certificates and host names are not "

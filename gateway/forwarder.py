@@ -122,6 +122,9 @@ class Dispatch:
     # A fresh ranking (the fleet changed): asked when an attempt's replica left the fleet before its
     # first byte, so the request goes where the scheduler would send it now. None: the rest of `ranked`.
     rerank: Callable[[], Sequence[ReplicaState]] | None = None
+    # (the replica's `"model":<name>` bytes, the client's) when the client named the model otherwise
+    # (a route, an adapter's canonical name): replaced in the answer as bytes; None costs nothing.
+    rewrite: tuple[bytes, bytes] | None = None
 
 
 class Forwarder:
@@ -277,6 +280,8 @@ class Forwarder:
                 out.usage = usage_from(orjson.loads(body))
             except orjson.JSONDecodeError:
                 out.usage = None
+            if d.rewrite is not None:
+                body = body.replace(*d.rewrite)
         headers = [
             (b"content-type", resp.headers.get("content-type", "application/json").encode("latin-1")),
             (b"content-length", b"%d" % len(body)),
@@ -313,6 +318,7 @@ class Forwarder:
             *d.response_headers,
         ]
         filt = SseFilter(strip_usage=d.strip_usage)
+        feed = filt.feed if d.rewrite is None else _rewriting(filt.feed, *d.rewrite)
         observe_itl = d.observe_itl
         clock = time.perf_counter
         last = 0.0  # clock() when the last chunk was relayed (0: none yet)
@@ -325,7 +331,7 @@ class Forwarder:
                 out.first_byte_at = clock()
                 data = first
                 while data:
-                    chunk = filt.feed(data)
+                    chunk = feed(data)
                     if chunk:
                         now = clock()
                         if last:
@@ -346,6 +352,8 @@ class Forwarder:
             out.usage = filt.usage
             out.events = filt.events
         held, partial = filt.flush()  # events a CR-framed stream's last read could not yet end
+        if d.rewrite is not None:
+            held = held.replace(*d.rewrite)
         out.usage = filt.usage
         out.events = filt.events
         if filt.done:
@@ -390,6 +398,17 @@ def _passed_on(raw: list[Header], own: frozenset[bytes] = frozenset()) -> list[H
     if named:
         out = [(n, v) for n, v in out if n.lower() not in named]
     return out
+
+
+def _rewriting(feed: Callable[[bytes], bytes], old: bytes, new: bytes) -> Callable[[bytes], bytes]:
+    """`feed` whose whole events carry `new` where the replica wrote `old` (bytes.replace: a search
+    of the chunk, a copy only when found). `old` is `"model":<JSON string>` as vLLM writes it (no
+    space after the colon); inside a JSON string every quote is escaped, so only a key matches."""
+
+    def rewriting_feed(data: bytes) -> bytes:
+        return feed(data).replace(old, new)
+
+    return rewriting_feed
 
 
 def _final_error(kind: str, detail: str) -> GatewayError:

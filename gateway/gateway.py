@@ -22,6 +22,7 @@ from gateway.fleet.scraper import FleetScraper, build_client
 from gateway.fleet.state import FleetChange, FleetState
 from gateway.forwarder import Forwarder, Timeouts
 from gateway.metrics import GatewayMetrics, gauge_family
+from gateway.model_routes import ModelRoutes
 from gateway.replica_auth import ReplicaCredentials
 from gateway.request_id import RequestIds
 from gateway.routing import Router
@@ -54,6 +55,9 @@ class Gateway:
         self.discovery = Discovery(config.discovery, self.fleet, config.replicas, clock)
         self.router = Router(config, self.rng)
         self.tenancy = Tenancy(config, self.fleet, self.metrics, clock, wall_clock)
+        # A/B routing: routes, their runtime weights, adapter placement, shadow copies (issue #12).
+        # reload: a config reload calls `await self.model_routes.reload(new_config)` (resets routes).
+        self.model_routes = ModelRoutes(config, self.fleet, self.router, self.metrics, self.rng, clock)
         self.session_header = config.scheduling.session_header.lower().encode("latin-1")
         self.fleet.add_listener(self._on_fleet_change)
         self.metrics.add_callback(self._collect_fleet_gauges)
@@ -98,8 +102,10 @@ class Gateway:
         await self._scraper.start()
         await self.discovery.start()
         await self.tenancy.start()
+        await self.model_routes.start(self._pool, self._forwarder, self.tenancy.admission, self.credentials)
 
     async def stop(self) -> None:
+        await self.model_routes.stop()
         await self.discovery.stop()
         await self.tenancy.stop()
         if self._scraper is not None:

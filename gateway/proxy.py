@@ -1,7 +1,9 @@
 """The two proxy endpoints, `/v1/chat/completions` and `/v1/completions`, as raw ASGI apps.
 
 One request: authenticate (401, from the headers, before a byte of the body is read), read the body
-(413), parse (400), resolve the model (404) and the tenant's allow-list (403), reserve rate limits
+(413), parse (400), resolve the model — a route's target, a base model or an adapter, loading an
+adapter no replica holds (404, 403/400 for the override header, 503) — and check the tenant's
+allow-list against the route and the target by canonical name (403), reserve rate limits
 (429), pass flow control (queue, or 503 with Retry-After), pick a replica, forward and relay, then
 settle the tenant's tokens against the real usage and record metrics — whatever happened, including
 the client hanging up mid-way.
@@ -29,7 +31,8 @@ from gateway.asgi_io import (
 )
 from gateway.errors import GatewayError, bad_request
 from gateway.forwarder import Dispatch, Outcome
-from gateway.request_parse import Endpoint, ParsedRequest, parse_request, unknown_model
+from gateway.model_resolver import Resolution
+from gateway.request_parse import Endpoint, ParsedRequest, parse_request
 from policies.tenancy import reserved_output_tokens
 from policies.types import ReplicaState, RequestInfo
 
@@ -63,6 +66,7 @@ class ProxyEndpoint:
         status = 0
         progress = Outcome()  # filled by the forwarder as it goes: survives a cancelled request
         admitted: Admitted | None = None
+        res: Resolution | None = None
         extra_headers: list[tuple[bytes, bytes]] = [rid]
         watch: DisconnectWatch | None = None
         tenant_name: str | None = None
@@ -76,25 +80,27 @@ class ProxyEndpoint:
             tenant_name = tenant.name
             raw = await read_body(scope, receive, gw.config.server.max_body_bytes)
             req = parse_request(raw, self.endpoint)
-            resolved = gw.fleet.pool_of(req.model)
-            if resolved is None:
-                fm = gw.fleet.models()
-                raise unknown_model(req.model, [*fm.base_models, *fm.adapters])
-            base, adapter = resolved
-            model_label = base
-            gw.tenancy.check_model(tenant, req.model)
+            res = gw.model_routes.resolve(req, tenant.name, scope)
+            model_label = res.pool
+            if res.route is not None:
+                gw.tenancy.check_model(tenant, res.route)
+            gw.tenancy.check_model(tenant, res.target)  # canonical: "base:*" matches an adapter
             cap = gw.tenancy.output_cap(tenant)
             if cap is not None and req.max_tokens is not None and req.max_tokens > cap:
                 raise bad_request(
                     f"max_tokens={req.max_tokens} is over this key's limit of {cap} output tokens",
                     "max_tokens",
                 )
-            info = self._request_info(req, base, adapter, tenant.name, scope)
             watch = DisconnectWatch(receive, task)
+            if not gw.model_routes.ready(res):  # an adapter to load, or the route's fallback
+                res = await gw.model_routes.place(res)
+                model_label = res.pool
+                gw.tenancy.check_model(tenant, res.target)
+            info = self._request_info(req, res, tenant.name, scope)
             admitted = await gw.tenancy.admit(tenant, info, header(scope, b"x-kvgate-priority"))
             info = admitted.info
             extra_headers = [rid, *admitted.headers]
-            await self._route_and_forward(req, raw, info, admitted, send, watch, progress, cap, rid)
+            await self._route_and_forward(req, raw, info, admitted, send, watch, progress, cap, rid, res)
             status = progress.status
         except GatewayError as err:
             status = err.status
@@ -121,6 +127,8 @@ class ProxyEndpoint:
         if progress.slow_client:
             await _drop_connection(scope)
         await self._account(model_label, status, t0, admitted, progress)
+        if res is not None:
+            gw.model_routes.done(res, status, t0, progress)
         if gw.access_log.enabled:
             gw.access_log.write(
                 request_id=rid[1],
@@ -133,12 +141,13 @@ class ProxyEndpoint:
                 outcome=progress,
                 started=t0,
                 ended=time.perf_counter(),
-            )  # access log: route/target go here once routes resolve them
+                route=res.route if res is not None else None,
+                target=res.target if res is not None else None,
+            )
 
-    def _request_info(
-        self, req: ParsedRequest, base: str, adapter: str | None, tenant: str, scope: Scope
-    ) -> RequestInfo:
+    def _request_info(self, req: ParsedRequest, res: Resolution, tenant: str, scope: Scope) -> RequestInfo:
         gw = self.gw
+        base, adapter = res.pool, res.adapter
         facts = gw.router.prompt_facts(self.endpoint, req.body, base, adapter)
         max_tokens = req.max_tokens if req.max_tokens is not None else gw.tenancy.default_max_tokens(tenant)
         session = header(scope, gw.session_header)
@@ -153,6 +162,8 @@ class ProxyEndpoint:
             session_id=session.decode("latin-1") if session else None,
             prefix_keys=facts.prefix_keys,
             prompt_tokens_exact=facts.exact,
+            route=res.route,
+            target=res.target,
         )
 
     async def _route_and_forward(
@@ -166,6 +177,7 @@ class ProxyEndpoint:
         progress: Outcome,
         output_cap: int | None,
         rid: tuple[bytes, bytes],
+        res: Resolution,
     ) -> Outcome:
         gw = self.gw
         t = time.perf_counter()
@@ -177,7 +189,7 @@ class ProxyEndpoint:
         winner = decision.ranked[0].name
         if info.prefix_keys:
             gw.metrics.prefix_match.observe(routed.match.get(winner, 0) / len(info.prefix_keys))
-        headers = [rid, *admitted.headers]
+        headers = [rid, *admitted.headers, (b"x-kvgate-target", res.header)]
         if gw.config.server.debug_headers:
             headers.append((b"x-kvgate-route", route_header(decision, winner)))
 
@@ -187,37 +199,60 @@ class ProxyEndpoint:
             gw.fleet.dispatched(r.name, tokens)
             gw.router.dispatched(info, r.name)
             gw.metrics.dispatched_to(r.name)
+            if res.adapter is not None:
+                gw.model_routes.dispatched(res, r.name)
 
         def on_attempt_end(r: ReplicaState) -> None:
             gw.fleet.finished(r.name, tokens)
+            if res.adapter is not None:
+                gw.model_routes.finished(res, r.name)
 
         async def guarded_send(msg: MutableMapping[str, Any]) -> None:
             if msg["type"] == "http.response.body" and not msg.get("more_body", False):
                 watch.finish()
             await send(msg)
 
+        body = self._upstream_body(req, raw, admitted.vllm_priority, output_cap, res.upstream_model)
+        out_send: Any = guarded_send
+        if res.mirror is not None:  # sampled for a shadow copy: sent once the answer has started
+
+            async def out_send(msg: MutableMapping[str, Any]) -> None:
+                if msg["type"] == "http.response.start":
+                    gw.model_routes.launch_mirror(res, self.endpoint, self.path, body, info)
+                await guarded_send(msg)
+
         dispatch = Dispatch(
             path=self.path,
-            body=self._upstream_body(req, raw, admitted.vllm_priority, output_cap),
+            body=body,
             ranked=decision.ranked,
             stream=req.stream,
             strip_usage=req.stream and not req.include_usage,
             response_headers=headers,
             on_attempt=on_attempt,
             on_attempt_end=on_attempt_end,
-            observe_itl=gw.metrics.for_model(info.base_model).itl.observe,
+            observe_itl=gw.model_routes.itl_observer(res, gw.metrics.for_model(info.base_model).itl.observe),
             upstream_headers=(rid,),
             rerank=lambda: gw.router.decide(info, gw.fleet.snapshot(), gw.clock()).decision.ranked,
+            rewrite=res.rewrite,
         )
-        return await gw.forwarder.forward(dispatch, guarded_send, progress)
+        return await gw.forwarder.forward(dispatch, out_send, progress)
 
     def _upstream_body(
-        self, req: ParsedRequest, raw: bytes, vllm_priority: int | None, output_cap: int | None
+        self,
+        req: ParsedRequest,
+        raw: bytes,
+        vllm_priority: int | None,
+        output_cap: int | None,
+        model: str | None = None,
     ) -> bytes:
-        """The body for the replica: untouched unless kvgate must ask for usage, set priority or
-        bound the output to the tenant's cap."""
+        """The body for the replica: untouched unless kvgate must ask for usage, set priority, bound
+        the output to the tenant's cap or name the model as the replica serves it (`model`: a route's
+        target, an adapter's served name for its canonical one)."""
         body = req.body
         changed = False
+        if model is not None:
+            body = {**body, "model": model}
+            changed = True
         if output_cap is not None and req.max_tokens is None:
             body = {**body, "max_tokens": output_cap}
             changed = True
@@ -253,6 +288,7 @@ class ProxyEndpoint:
         if p.slow_client:
             status = 499  # kvgate dropped a client that stopped reading: the client's doing
         m.request_done(model, status)
+        # access log: route/target are admitted.info.route / .target (RequestInfo), or __call__'s `res`
         if p.first_byte_at is not None:
             mm = m.for_model(model)
             mm.ttft.observe(p.first_byte_at - t0)

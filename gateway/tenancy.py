@@ -94,6 +94,14 @@ def charge_for(info: RequestInfo, usage: Usage | None, outcome: Outcome | None) 
     )
 
 
+def ledger_model(info: RequestInfo) -> str:
+    """The ledger's model column: the canonical name of what served the request (`base` or
+    `base:adapter`, whatever name the client used for it), as `route->target` when the client named a
+    route, so a platform team sees both the name it sold and the variant that answered."""
+    target = info.target or info.model
+    return f"{info.route}->{target}" if info.route else target
+
+
 def new_gateway_id() -> str:
     """Names this process in the store's heartbeats and the ledger's batch ids: host, pid, random."""
     return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
@@ -324,7 +332,7 @@ class Tenancy:
                 counter = self._charged[name] = self._m.tokens_charged.labels(name)
             counter.inc(c.tokens)
         if self.ledger is not None:
-            self.ledger.record(name, tenant.key_label, admitted.info.model, c)
+            self.ledger.record(name, tenant.key_label, ledger_model(admitted.info), c)
         if admitted.reservation is not None and self.limiter is not None:
             await self.limiter.settle(admitted.reservation, c.requests, c.tokens)
 

@@ -1,6 +1,6 @@
 """What kvgate adds to a request: latency through the gateway versus straight to a replica, and CPU.
 
-    python -m loadtests.overhead_bench [--concurrency 1,50,200] [--requests 2000] [--chunks 32]
+    python -m loadtests.overhead_bench [--concurrency 1,50,200] [--requests 2000] [--chunks 32] [--route]
 
 Three processes on this 2-core machine: kvgate pinned alone to core 0 (flow control off, see
 `run`), the simulated replica and this load generator sharing core 1 (`taskset` and
@@ -12,6 +12,12 @@ gateway with --repeats 2) so slow drift of the shared machine hits both.
 Reported per concurrency: TTFT p50/p99 direct and through kvgate and their difference (the added
 latency), end-to-end p50, requests/s, and kvgate's CPU per request and per relayed chunk (from
 /proc/<pid>/stat); "chunks relayed per core-second" is chunks relayed / kvgate CPU seconds.
+
+`--route`: each through-kvgate run is followed by the same load sent to the route `tiny-route` (one
+target, the same model), so every request is resolved through a route and every chunk of its answer
+has its `model` field rewritten (`"model":"tiny-llama"` -> `"model":"tiny-route"`, gateway/forwarder);
+a "route" row follows each concurrency's row. Before the load, the rewrite's own cost per relayed
+chunk is timed in this process on a vLLM-shaped chunk (`rewrite_micro`).
 """
 
 from __future__ import annotations
@@ -19,12 +25,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
 import os
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,6 +42,7 @@ from loadtests.runner import LoadConfig, RunResult, run_load
 from loadtests.workloads.random_prompts import RandomWorkload
 
 MODEL = "tiny-llama"
+ROUTE = "tiny-route"
 
 
 def _taskset(core: int) -> list[str]:
@@ -98,6 +106,29 @@ class Point:
     gw_cpu_s: float
     gw_requests: int
     gw_chunks: int
+    label: str = ""
+
+
+def rewrite_micro(chunks: int = 200_000) -> tuple[float, float]:
+    """ns per relayed chunk of the SSE filter alone and with the model rewrite, on one vLLM-shaped
+    chat chunk (best of 5 runs of `chunks` feeds each)."""
+    import timeit
+
+    from gateway.forwarder import _rewriting
+    from gateway.sse_filter import SseFilter
+
+    chunk = (
+        b'data: {"id":"chatcmpl-0123456789abcdef","object":"chat.completion.chunk","created":1796307374,'
+        b'"model":"tiny-llama","choices":[{"index":0,"delta":{"content":" the"},"logprobs":null,'
+        b'"finish_reason":null}]}\n\n'
+    )
+    plain = SseFilter(strip_usage=True).feed
+    rewriting = _rewriting(SseFilter(strip_usage=True).feed, b'"model":"tiny-llama"', b'"model":"tiny-route"')
+    assert b'"model":"tiny-route"' in rewriting(chunk)
+    def per_chunk_ns(feed: Callable[[bytes], bytes]) -> float:
+        return min(timeit.repeat(functools.partial(feed, chunk), number=chunks, repeat=5)) / chunks * 1e9
+
+    return per_chunk_ns(plain), per_chunk_ns(rewriting)
 
 
 def _pct(results: list[RunResult], attr: str, q: str) -> float:
@@ -118,18 +149,30 @@ async def measure(args: argparse.Namespace, sim_url: str, gw_url: str, gw_pid: i
         wl = RandomWorkload(requests=n, prompt_tokens=args.prompt_tokens, output_tokens=args.chunks,
                             model=MODEL, seed=c)  # fmt: skip
         load = LoadConfig(concurrency=c, max_requests=n, duration_s=args.max_seconds, warmup_s=0.0)
+        routed_wl = RandomWorkload(requests=n, prompt_tokens=args.prompt_tokens, output_tokens=args.chunks,
+                                   model=ROUTE, seed=c)  # fmt: skip
         direct: list[RunResult] = []
         through: list[RunResult] = []
-        cpu = 0.0
+        routed: list[RunResult] = []
+        cpu = cpu_routed = 0.0
         for _ in range(args.repeats):
             direct.append(await run_load(sim_url, list(wl.requests()), load))
             c0 = cpu_seconds(gw_pid)
             through.append(await run_load(gw_url, list(wl.requests()), load))
             cpu += cpu_seconds(gw_pid) - c0
+            if args.route:
+                c0 = cpu_seconds(gw_pid)
+                routed.append(await run_load(gw_url, list(routed_wl.requests()), load))
+                cpu_routed += cpu_seconds(gw_pid) - c0
         reqs = sum(len(r.traces) for r in through)
         chunks = sum(t.output_tokens for r in through for t in r.traces)
         points.append(Point(c, direct, through, cpu, reqs, chunks))
         print_point(points[-1])
+        if args.route:
+            reqs = sum(len(r.traces) for r in routed)
+            chunks = sum(t.output_tokens for r in routed for t in r.traces)
+            points.append(Point(c, direct, routed, cpu_routed, reqs, chunks, label=" (route)"))
+            print_point(points[-1])
     return points
 
 
@@ -141,7 +184,8 @@ def run(args: argparse.Namespace) -> None:
         # Flow control off: with one replica and 200 streams it would (by design) hold requests past
         # max_in_flight_per_replica at the gateway; this benchmark measures the proxy's own cost.
         cfg = {"replicas": [{"url": sim_url, "model": MODEL, "name": "r0"}],
-               "flow_control": {"enabled": False}}  # fmt: skip
+               "flow_control": {"enabled": False},
+               "routes": [{"name": ROUTE, "targets": [{"model": MODEL, "weight": 1}]}]}  # fmt: skip
         cfg_path = Path(tmp) / "kvgate.yaml"
         cfg_path.write_text(yaml.safe_dump(cfg))
         gw_cmd = [*_taskset(0), sys.executable, "-m", "gateway.cli", "serve", "--config", str(cfg_path),
@@ -170,7 +214,7 @@ def print_point(p: Point) -> None:
     cpu_req = p.gw_cpu_s / max(1, p.gw_requests) * 1e6
     per_core = p.gw_chunks / p.gw_cpu_s if p.gw_cpu_s > 0 else float("nan")
     print(
-        f"| {p.concurrency} | {d50 * ms:.2f} / {d99 * ms:.2f} | {g50 * ms:.2f} / {g99 * ms:.2f} "
+        f"| {p.concurrency}{p.label} | {d50 * ms:.2f} / {d99 * ms:.2f} | {g50 * ms:.2f} / {g99 * ms:.2f} "
         f"| {(g50 - d50) * ms:+.2f} / {(g99 - d99) * ms:+.2f} | {e_d * ms:.1f} / {e_g * ms:.1f} "
         f"| {rps_d:.0f} / {rps_g:.0f} | {cpu_req:.0f} | {per_core:,.0f} | {errors} {kinds or ''} |",
         flush=True,
@@ -187,7 +231,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--time-scale", type=float, default=0.001, help="simulator time scale (near 0)")
     p.add_argument("--max-seconds", type=float, default=120.0)
     p.add_argument("--gateway-port", type=int, default=18080)
+    p.add_argument("--route", action="store_true", help="also send each load to a route (model rewrite on)")
     args = p.parse_args(argv)
+    if args.route:
+        plain, rewriting = rewrite_micro()
+        print(f"model rewrite, per relayed chunk (in-process): SSE filter {plain:.0f} ns, with the rewrite "
+              f"{rewriting:.0f} ns: +{rewriting - plain:.0f} ns")  # fmt: skip
     print("| streams | TTFT p50 / p99 direct (ms) | TTFT p50 / p99 via kvgate (ms) | added p50 / p99 (ms) "
           "| e2e p50 direct / kvgate (ms) | req/s direct / kvgate | kvgate CPU µs/request "
           "| chunks relayed per core-second | errors |")  # fmt: skip

@@ -4,7 +4,9 @@ Band: a tenant has a default band (config `priority`); the client may ask for a 
 important) with the `x-kvgate-priority` header, never a higher one: asking above the default quietly
 gets the default, so one client library can be shared by tenants of different standing.
 
-Model allow-list syntax (config `models`), matched against the model name the client sent:
+Model allow-list syntax (config `models`), matched against canonical names (policies/model_names):
+a base model's name, `base:adapter` for an adapter however the client named it, and a route's name
+(the proxy checks a routed request's route and its resolved target):
 
 - `None`: every model is allowed.
 - an exact name: `"llama-3-8b"` allows only that model (its adapters are NOT included);

@@ -128,6 +128,8 @@ class RequestInfo:
     `max_tokens` is the output cap the reservation uses for the whole request: the per-completion cap
     (already defaulted by tenant policy) x `n` x the prompts of a completions batch.
     `prefix_keys` are the chained block keys of the canonical prompt (see `policies.prefix`).
+    `route` is the route the client named (None: it named a model) and `target` the canonical name
+    of what serves it (`base` or `base:adapter`; "" until resolved), for whoever records the request.
     """
 
     model: str
@@ -141,6 +143,8 @@ class RequestInfo:
     session_id: str | None = None
     prefix_keys: tuple[int, ...] = ()
     prompt_tokens_exact: bool = False
+    route: str | None = None
+    target: str = ""
 
     @property
     def reserved_tokens(self) -> int:

@@ -13,7 +13,7 @@ used: it resumes a closed watch from the last resourceVersion without re-listing
 for bookmarks, which is the failure mode (a lost delete) this source exists to rule out.
 
 RBAC: `list` and `watch` on `endpointslices` (discovery.k8s.io) or `pods` in the namespace
-(deploy/kubernetes/kvgate.yaml).
+(the Helm chart, deploy/helm/kvgate).
 """
 
 from __future__ import annotations
