@@ -5,6 +5,7 @@
     GET /admin/replicas         every replica: state, source, URL, pool, health, in flight, drained
     POST /admin/replicas/{name}/drain    no new requests for it (terminating); its streams finish
     DELETE /admin/replicas/{name}/drain  undrain: its state follows its source again
+    GET /admin/config, POST /admin/reload  the config in force, and reloading it (reload_admin.py)
 
 `Authorization: Bearer <admin key>`. No key or an unknown key: 401; a valid TENANT key: 403 (known,
 but not an admin); no admin keys configured at all: 403 (the admin API is off). Errors are in
@@ -22,6 +23,7 @@ from starlette.exceptions import HTTPException
 
 from gateway.auth_keys import bearer_token
 from gateway.gateway import Gateway
+from gateway.reload_admin import register_reload_admin
 
 
 def register_admin_routes(api: FastAPI, gateway: Callable[[], Gateway]) -> None:
@@ -76,6 +78,8 @@ def register_admin_routes(api: FastAPI, gateway: Callable[[], Gateway]) -> None:
         if t is None:
             raise HTTPException(404, f"No tenant named '{name}'.")
         return await tenancy.status(t)
+
+    register_reload_admin(api, guard)
 
 
 def replica_summary(gw: Gateway, name: str) -> dict[str, Any]:

@@ -47,7 +47,7 @@ import asyncio
 import itertools
 import math
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from prometheus_client.core import GaugeMetricFamily, Metric
@@ -78,6 +78,13 @@ class _Pool:
     pending: int = 0  # released from the queue, not yet dispatched
 
 
+def _max_waits(cfg: FlowControlConfig) -> dict[Band, float]:
+    out = dict(_DEFAULT_MAX_WAIT)
+    for name, band in cfg.bands.items():
+        out[Band.parse(name)] = band.max_wait_s
+    return out
+
+
 def _released(fut: asyncio.Future[None]) -> bool:
     return fut.done() and not fut.cancelled() and fut.exception() is None
 
@@ -102,9 +109,7 @@ class AdmissionQueue:
             stale_after_s=stale_after_s,
         )
         self._cfg = cfg
-        self._max_wait = dict(_DEFAULT_MAX_WAIT)
-        for name, band in cfg.bands.items():
-            self._max_wait[Band.parse(name)] = band.max_wait_s
+        self._max_wait = _max_waits(cfg)
         self._fleet = fleet
         self._m = metrics
         self._clock = clock
@@ -231,6 +236,25 @@ class AdmissionQueue:
                 if not item.payload.done():
                     item.payload.set_exception(GatewayError(503, "kvgate is shutting down"))
         self._depth = 0
+
+    def reconfigure(self, cfg: FlowControlConfig) -> None:
+        """Take a reloaded `flow_control` section (not `enabled`: that needs a restart). Waiters keep
+        their place and the deadline they started with; the new room may release some at once."""
+        sat = cfg.saturation
+        self._thr = replace(
+            self._thr,
+            max_waiting_per_replica=sat.max_waiting_per_replica,
+            max_kv_usage=sat.max_kv_usage,
+            max_in_flight_per_replica=sat.max_in_flight_per_replica,
+        )
+        self._cfg = cfg
+        self._max_wait = _max_waits(cfg)
+        self._window = cfg.fair_share.active_window_s
+        now = self._clock()
+        for p in self._pools.values():
+            p.share.window_s = self._window
+            if p.queue:
+                self._drain(p, now)
 
     # -- internals ------------------------------------------------------------------------------
 

@@ -17,11 +17,14 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 
 from gateway.access_log import AccessLog
 from gateway.config import Config, ConfigError
+from gateway.config_file import ConfigFile, ConfigWatch
+from gateway.config_snapshot import ConfigSnapshot
 from gateway.discovery import Discovery
 from gateway.fleet.scraper import FleetScraper, build_client
 from gateway.fleet.state import FleetChange, FleetState
 from gateway.forwarder import Forwarder, Timeouts
 from gateway.metrics import GatewayMetrics, gauge_family
+from gateway.reload import ConfigReloader, Reconfigurable
 from gateway.replica_auth import ReplicaCredentials
 from gateway.request_id import RequestIds
 from gateway.routing import Router
@@ -41,8 +44,10 @@ class Gateway:
         config: Config,
         clock: Callable[[], float] = time.monotonic,
         rng: random.Random | None = None,
+        config_file: ConfigFile | None = None,
     ) -> None:
-        self.config = config
+        # The config in force: read once per request, replaced whole by a reload (`reloader`).
+        self.snapshot = ConfigSnapshot.of(config, generation=1)
         self.clock = clock
         self.rng = rng or random.Random(config.scheduling.seed)
         self.metrics = GatewayMetrics()
@@ -53,16 +58,45 @@ class Gateway:
         self.discovery = Discovery(config.discovery, self.fleet, config.replicas, clock)
         self.router = Router(config, self.rng)
         self.tenancy = Tenancy(config, self.fleet, self.metrics, clock)
-        self.session_header = config.scheduling.session_header.lower().encode("latin-1")
         self.fleet.add_listener(self._on_fleet_change)
         self.metrics.add_callback(self._collect_fleet_gauges)
         self.request_ids = RequestIds()
         self.access_log = AccessLog(config.server.access_log)
         self.metrics.add_callback(self.discovery.collect)
+        self.reloader = ConfigReloader(self.snapshot, self.reload_components(), self._publish, config_file)
+        self.metrics.add_callback(self.reloader.collect)
+        self._watch = (
+            None
+            if config_file is None
+            else ConfigWatch(config_file, lambda: self.snapshot.config.server, self.reloader.reload)
+        )
         self._pool: UpstreamPool | None = None
         self._scrape_pool: UpstreamPool | None = None
         self._scraper: FleetScraper | None = None
         self._forwarder: Forwarder | None = None
+
+    @property
+    def config(self) -> Config:
+        """The config in force (a request reads `snapshot` once instead, and keeps it)."""
+        return self.snapshot.config
+
+    @property
+    def session_header(self) -> bytes:
+        return self.snapshot.session_header
+
+    def reload_components(self) -> list[tuple[str, Reconfigurable]]:
+        """What a reload prepares and commits, in this order (gateway/reload.py): credentials before
+        discovery's settle, so a replica the new static list brings gets the new pool credential."""
+        return [
+            ("replica credentials", self.credentials),
+            ("tenants", self.tenancy),
+            ("scheduling", self.router),
+            # Routes (#12) plug in here: reset runtime weight overrides to the file, and log it.
+            ("discovery", self.discovery),
+        ]
+
+    def _publish(self, snapshot: ConfigSnapshot) -> None:
+        self.snapshot = snapshot
 
     @property
     def forwarder(self) -> Forwarder:
@@ -97,8 +131,12 @@ class Gateway:
         await self._scraper.start()
         await self.discovery.start()
         await self.tenancy.start()
+        if self._watch is not None:
+            self._watch.start()
 
     async def stop(self) -> None:
+        if self._watch is not None:
+            await self._watch.stop()
         await self.discovery.stop()
         await self.tenancy.stop()
         if self._scraper is not None:
@@ -112,7 +150,10 @@ class Gateway:
         """The TLS context both pools share; None when no replica is https:// (reads the CA file)."""
         up = self.config.upstream
         discovered_tls = self.config.discovery.configured  # a replicas file may name https:// ones
-        if not discovered_tls and not any(parse_replica_url(r.url).tls for r in self.config.replicas):
+        own_trust = up.tls_ca_file is not None or not up.tls_verify  # for https:// replicas a reload brings
+        if not (discovered_tls or own_trust) and not any(
+            parse_replica_url(r.url).tls for r in self.config.replicas
+        ):
             return None
         if not up.tls_verify:
             log.warning("upstream.tls_verify is false: replica certificates and host names are not checked")

@@ -34,6 +34,7 @@ from policies.tenancy import reserved_output_tokens
 from policies.types import ReplicaState, RequestInfo
 
 if TYPE_CHECKING:
+    from gateway.config_snapshot import ConfigSnapshot
     from gateway.gateway import Gateway
     from gateway.tenancy import Admitted
 
@@ -58,6 +59,7 @@ class ProxyEndpoint:
         if scope["method"] != "POST":
             await send_error(send, GatewayError(405, f"use POST for {self.path}"), (rid,))
             return
+        snap = gw.snapshot  # this request's config, kept to its end whatever a reload does
         t0 = time.perf_counter()
         model_label = "unknown"
         status = 0
@@ -74,7 +76,7 @@ class ProxyEndpoint:
             # The key is in the headers: an unauthenticated client never makes kvgate buffer a body.
             tenant = gw.tenancy.authenticate(header(scope, b"authorization"))
             tenant_name = tenant.name
-            raw = await read_body(scope, receive, gw.config.server.max_body_bytes)
+            raw = await read_body(scope, receive, snap.config.server.max_body_bytes)
             req = parse_request(raw, self.endpoint)
             resolved = gw.fleet.pool_of(req.model)
             if resolved is None:
@@ -89,12 +91,12 @@ class ProxyEndpoint:
                     f"max_tokens={req.max_tokens} is over this key's limit of {cap} output tokens",
                     "max_tokens",
                 )
-            info = self._request_info(req, base, adapter, tenant.name, scope)
+            info = self._request_info(req, base, adapter, tenant.name, scope, snap)
             watch = DisconnectWatch(receive, task)
             admitted = await gw.tenancy.admit(tenant, info, header(scope, b"x-kvgate-priority"))
             info = admitted.info
             extra_headers = [rid, *admitted.headers]
-            await self._route_and_forward(req, raw, info, admitted, send, watch, progress, cap, rid)
+            await self._route_and_forward(req, raw, info, admitted, send, watch, progress, cap, rid, snap)
             status = progress.status
         except GatewayError as err:
             status = err.status
@@ -136,12 +138,18 @@ class ProxyEndpoint:
             )  # access log: route/target go here once routes resolve them
 
     def _request_info(
-        self, req: ParsedRequest, base: str, adapter: str | None, tenant: str, scope: Scope
+        self,
+        req: ParsedRequest,
+        base: str,
+        adapter: str | None,
+        tenant: str,
+        scope: Scope,
+        snap: ConfigSnapshot,
     ) -> RequestInfo:
         gw = self.gw
         facts = gw.router.prompt_facts(self.endpoint, req.body, base, adapter)
         max_tokens = req.max_tokens if req.max_tokens is not None else gw.tenancy.default_max_tokens(tenant)
-        session = header(scope, gw.session_header)
+        session = header(scope, snap.session_header)
         return RequestInfo(
             model=req.model,
             base_model=base,
@@ -166,6 +174,7 @@ class ProxyEndpoint:
         progress: Outcome,
         output_cap: int | None,
         rid: tuple[bytes, bytes],
+        snap: ConfigSnapshot,
     ) -> Outcome:
         gw = self.gw
         t = time.perf_counter()
@@ -178,7 +187,7 @@ class ProxyEndpoint:
         if info.prefix_keys:
             gw.metrics.prefix_match.observe(routed.match.get(winner, 0) / len(info.prefix_keys))
         headers = [rid, *admitted.headers]
-        if gw.config.server.debug_headers:
+        if snap.config.server.debug_headers:
             headers.append((b"x-kvgate-route", route_header(decision, winner)))
 
         tokens = info.reserved_tokens

@@ -17,6 +17,7 @@ import uvicorn
 
 from gateway.app import KvgateApp
 from gateway.config import Config
+from gateway.config_file import ConfigFile
 from gateway.gateway import Gateway
 from gateway.http_protocol import ClientLimits, protocol_class
 from gateway.logs import configure as configure_logging
@@ -67,9 +68,14 @@ class GatewayServer:
     """`async with GatewayServer(config) as srv:` serves kvgate on `srv.url` in the running loop."""
 
     def __init__(
-        self, config: Config, host: str = "127.0.0.1", port: int = 0, gateway: Gateway | None = None
+        self,
+        config: Config,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        gateway: Gateway | None = None,
+        config_file: ConfigFile | None = None,
     ):
-        self.app = KvgateApp(config, gateway)
+        self.app = KvgateApp(config, gateway, config_file)
         self._host = host
         self._port = port
         self._server: _QuietServer | None = None
@@ -105,8 +111,9 @@ def _exit_cleanly(signum: int, frame: object) -> None:
     raise SystemExit(0)
 
 
-def serve_forever(config: Config, host: str, port: int) -> None:
-    """Blocking: run kvgate until SIGINT/SIGTERM, then return normally.
+def serve_forever(config: Config, host: str, port: int, config_file: ConfigFile | None = None) -> int:
+    """Blocking: run kvgate until SIGINT/SIGTERM, then return the exit status (0). `config_file` is
+    what the admin API reloads.
 
     uvicorn shuts down gracefully on either signal and then re-raises it with the previous handlers
     back in place; those handlers turn it into a normal return here, so callers' `finally` blocks run
@@ -119,7 +126,9 @@ def serve_forever(config: Config, host: str, port: int) -> None:
         loop = "asyncio"
     configure_logging(config.server)
     server = uvicorn.Server(
-        uvicorn_config(KvgateApp(config), config.server.log_level, loop, host=host, port=port)
+        uvicorn_config(
+            KvgateApp(config, config_file=config_file), config.server.log_level, loop, host=host, port=port
+        )
     )
     previous = signal.signal(signal.SIGTERM, _exit_cleanly)
     try:
@@ -131,3 +140,4 @@ def serve_forever(config: Config, host: str, port: int) -> None:
             raise
     finally:
         signal.signal(signal.SIGTERM, previous)
+    return 0

@@ -49,6 +49,7 @@ from gateway.fleet.state import FleetChange, FleetState
 from gateway.forwarder import Outcome
 from gateway.metrics import GatewayMetrics
 from gateway.rate_limit import RateLimiter, Reservation
+from gateway.reload import ReloadStep
 from gateway.sse_filter import Usage
 from gateway.stores import StoreUnavailable, build_store
 from gateway.tenants import ANONYMOUS, Tenant, TenantRegistry
@@ -113,8 +114,11 @@ class Tenancy:
     ) -> None:
         self.registry = TenantRegistry(config)
         self._m = metrics
+        self._clock = clock
         self.limiter: RateLimiter | None = None
-        if self.registry.any_limits:
+        # A shared store is connected at start even before any limit needs it: a reload may bring
+        # the first limit, and a remote store needs connecting (gateway/reload.py commits are sync).
+        if self.registry.any_limits or config.state.store != "memory://":
             self.limiter = RateLimiter(build_store(config.state, metrics, clock), metrics, clock)
         fc = config.flow_control
         self.admission: AdmissionQueue | None = None
@@ -138,6 +142,29 @@ class Tenancy:
             self.admission.close()
         if self.limiter is not None:
             await self.limiter.close()
+
+    def prepare(self, old: Config, new: Config) -> ReloadStep:
+        """Reload (gateway/reload.py): a new tenant registry (tenants, keys, limits, bands, weights,
+        admin keys) and flow-control settings. Buckets live in the store keyed by tenant name, so a
+        tenant keeps its levels under new limits; requests in flight keep the Tenant they started
+        with, and settle against the buckets they reserved from."""
+        # Hook for live keys and quotas (#15): lay the admin API's changes over the new file here.
+        registry = TenantRegistry(new)
+        limiter = self.limiter
+        if limiter is None and registry.any_limits:
+            # The first limits: `state` is restart-only and a remote store is built at start, so this
+            # is the in-process store, which needs no start.
+            limiter = RateLimiter(build_store(new.state, self._m, self._clock), self._m, self._clock)
+        fc = new.flow_control
+
+        def commit() -> None:
+            self.registry = registry
+            self.limiter = limiter
+            self._pass_priority = fc.pass_priority
+            if self.admission is not None:
+                self.admission.reconfigure(fc)
+
+        return ReloadStep(commit)
 
     def on_fleet_change(self, replica: str, change: FleetChange) -> None:
         if self.admission is not None:
