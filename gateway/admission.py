@@ -53,6 +53,7 @@ from typing import Literal
 from prometheus_client.core import GaugeMetricFamily, Metric
 
 from gateway.config import FlowControlConfig
+from gateway.drain import shutting_down
 from gateway.errors import GatewayError
 from gateway.fleet.state import FleetChange, FleetState
 from gateway.metrics import GatewayMetrics
@@ -152,7 +153,9 @@ class AdmissionQueue:
         max_wait = self._max_wait[band]
         if max_wait <= 0:
             raise self._refuse(p, band, tenant, now, "shed")
-        if self._closed or self._depth >= self._cfg.max_queue:
+        if self._closed:
+            raise shutting_down()
+        if self._depth >= self._cfg.max_queue:
             raise self._refuse(p, band, tenant, now, "queue_full")
         if self.depth_of(tenant) >= self._cfg.max_queue_per_tenant:
             raise self._refuse(p, band, tenant, now, "tenant_queue_full")
@@ -229,12 +232,14 @@ class AdmissionQueue:
             self._drain(before, now)
 
     def close(self) -> None:
-        """Refuse everything waiting (shutdown)."""
+        """Refuse everything waiting, and all that would wait from now on: 503 with Retry-After and
+        Connection: close (the end of a drain's propagation window, and shutdown). Idempotent."""
         self._closed = True
         for p in self._pools.values():
             while (item := p.queue.pop()) is not None:
                 if not item.payload.done():
-                    item.payload.set_exception(GatewayError(503, "kvgate is shutting down"))
+                    self._m.rejections.labels(item.tenant, "draining").inc()
+                    item.payload.set_exception(shutting_down())
         self._depth = 0
 
     def reconfigure(self, cfg: FlowControlConfig) -> None:

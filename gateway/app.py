@@ -128,6 +128,8 @@ class KvgateApp:
             }
             if gw.discovery.reconciler.statuses():
                 body["discovery"] = gw.discovery.status()
+            if gw.drain.draining:
+                body["drain"] = gw.drain.phase.value  # 503 from the first moment of a drain
             return JSONResponse(body, status_code=200 if ok else 503)
 
         @api.get("/metrics")

@@ -20,6 +20,7 @@ from gateway.config import Config, ConfigError
 from gateway.config_file import ConfigFile, ConfigWatch
 from gateway.config_snapshot import ConfigSnapshot
 from gateway.discovery import Discovery
+from gateway.drain import Drain
 from gateway.fleet.scraper import FleetScraper, build_client
 from gateway.fleet.state import FleetChange, FleetState
 from gateway.forwarder import Forwarder, Timeouts
@@ -63,6 +64,7 @@ class Gateway:
         self.request_ids = RequestIds()
         self.access_log = AccessLog(config.server.access_log)
         self.metrics.add_callback(self.discovery.collect)
+        self.drain = Drain()  # SIGTERM: gateway/drain.py
         self.reloader = ConfigReloader(self.snapshot, self.reload_components(), self._publish, config_file)
         self.metrics.add_callback(self.reloader.collect)
         self._watch = (
@@ -97,6 +99,17 @@ class Gateway:
 
     def _publish(self, snapshot: ConfigSnapshot) -> None:
         self.snapshot = snapshot
+
+    async def drain_gracefully(self) -> int:
+        """The SIGTERM sequence (gateway/drain.py) with the drain settings in force; returns how many
+        requests were cut at the drain timeout. The caller then stops the server."""
+        server = self.snapshot.config.server
+        admission = self.tenancy.admission
+        return await self.drain.run(
+            server.drain_propagation_s,
+            server.drain_timeout_s,
+            admission.close if admission is not None else lambda: None,
+        )
 
     @property
     def forwarder(self) -> Forwarder:
@@ -163,8 +176,11 @@ class Gateway:
             raise ConfigError(f"upstream.tls_ca_file: {err}") from None
 
     def ready(self) -> bool:
-        """At least one replica is in service, healthy and has been scraped, and no discovery source
-        is stale (a fleet picture nobody refreshes may be routing to replicas long gone)."""
+        """Not draining, at least one replica is in service, healthy and has been scraped, and no
+        discovery source is stale (a fleet picture nobody refreshes may be routing to replicas long
+        gone)."""
+        if self.drain.draining:
+            return False
         return not self.discovery.stale_sources() and any(
             r.in_service and r.healthy and r.scraped_at is not None for r in self.fleet.snapshot().replicas
         )

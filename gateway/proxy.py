@@ -27,8 +27,9 @@ from gateway.asgi_io import (
     read_body,
     send_error,
 )
+from gateway.drain import shutting_down
 from gateway.errors import GatewayError, bad_request
-from gateway.forwarder import Dispatch, Outcome
+from gateway.forwarder import _DONE, Dispatch, Outcome
 from gateway.request_parse import Endpoint, ParsedRequest, parse_request, unknown_model
 from policies.tenancy import reserved_output_tokens
 from policies.types import ReplicaState, RequestInfo
@@ -59,6 +60,11 @@ class ProxyEndpoint:
         if scope["method"] != "POST":
             await send_error(send, GatewayError(405, f"use POST for {self.path}"), (rid,))
             return
+        drain = gw.drain
+        if drain.refusing:  # draining, past the propagation window (gateway/drain.py)
+            gw.metrics.rejections.labels("unknown", "draining").inc()
+            await send_error(send, shutting_down(), (rid,))
+            return
         snap = gw.snapshot  # this request's config, kept to its end whatever a reload does
         t0 = time.perf_counter()
         model_label = "unknown"
@@ -72,6 +78,7 @@ class ProxyEndpoint:
         task = asyncio.current_task()
         assert task is not None
         gw.metrics.in_flight.inc()
+        drain.enter(task)
         try:
             # The key is in the headers: an unauthenticated client never makes kvgate buffer a body.
             tenant = gw.tenancy.authenticate(header(scope, b"authorization"))
@@ -105,11 +112,17 @@ class ProxyEndpoint:
         except ClientGone:
             status = 499
         except asyncio.CancelledError:
-            if watch is None or not watch.gone:
+            if watch is not None and watch.gone:
+                task.uncancel()
+                status = 499
+                gw.metrics.client_disconnects.inc()
+            elif drain.cut:  # still in flight at the drain timeout
+                task.uncancel()
+                why = f"kvgate is shutting down ({drain.cut_reason})"
+                stream = req is not None and req.stream
+                status = await _end_cut(send, watch, progress, extra_headers, stream, why, snap)
+            else:
                 raise
-            task.uncancel()
-            status = 499
-            gw.metrics.client_disconnects.inc()
         except Exception:
             # A bug, not the client's doing: answer in OpenAI's shape and still settle the tenant.
             log.exception("unexpected error on %s", self.path)
@@ -120,6 +133,7 @@ class ProxyEndpoint:
             if watch is not None:
                 watch.close()
             gw.metrics.in_flight.dec()
+            drain.leave(task)
         if progress.slow_client:
             await _drop_connection(scope)
         await self._account(model_label, status, t0, admitted, progress)
@@ -278,6 +292,39 @@ class ProxyEndpoint:
                     usage.completion_tokens,
                     usage.cached_tokens,
                 )
+
+
+async def _end_cut(
+    send: Send,
+    watch: DisconnectWatch | None,
+    progress: Outcome,
+    headers: list[tuple[bytes, bytes]],
+    stream: bool,
+    why: str,
+    snap: ConfigSnapshot,
+) -> int:
+    """End a request the drain cut (gateway/drain.py) and return the status to record: a stream
+    under way gets an SSE error event and `data: [DONE]` (the forwarder's ending for a broken stream;
+    its replica request was closed, which aborts it there), a request not yet answered a 503 with
+    Retry-After. A whole answer cut between its head and its body is left unfinished (the server
+    closes the connection)."""
+    if watch is not None:
+        watch.finish()
+    progress.error_kind = "drain_cut"
+    try:
+        async with asyncio.timeout(snap.config.server.send_timeout_s):
+            if progress.status == 0:
+                await send_error(send, shutting_down(why), headers)
+                return 503
+            if stream and progress.ended_at is None and not progress.slow_client:
+                err = GatewayError(503, f"{why}: the stream was ended")
+                await send(
+                    {"type": "http.response.body", "body": err.sse_event() + _DONE, "more_body": False}
+                )
+                progress.ended_at = time.perf_counter()
+    except TimeoutError:
+        progress.slow_client = True  # dropped below, like any client that stopped reading
+    return progress.status
 
 
 async def _drop_connection(scope: Scope) -> None:

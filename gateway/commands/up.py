@@ -3,7 +3,8 @@
 The simulated fleet starts only when the config names neither replicas nor discovery.
 
 The fleet runs as a child process (`kvgate sim`) so the simulator and the gateway each get their own
-core; kvgate runs here with in-memory state. Ctrl-C stops both.
+core; kvgate runs here with in-memory state. Ctrl-C drains kvgate (gateway/drain.py), then stops both;
+a second Ctrl-C stops them at once.
 """
 
 from __future__ import annotations
@@ -114,5 +115,5 @@ kvgate is listening on {url}
   print(client.chat.completions.create(model="{model}",
         messages=[{{"role": "user", "content": "Hello!"}}]).choices[0].message.content)
 
-  metrics: {url}/metrics    readiness: {url}/ready    Ctrl-C stops everything.
+  metrics: {url}/metrics    readiness: {url}/ready    Ctrl-C drains and stops everything (twice: at once).
 """
