@@ -26,7 +26,7 @@ HOT: Mapping[str, str] = {
     "server.drain_timeout_s": "read when a drain begins",
     "server.watch_config": "read by the config watch at each look",
     "server.watch_config_interval_s": "read by the config watch at each look",
-    "models": "replica credentials, tokenizers",
+    "models": "replica credentials, tokenizers (a new tokenizer re-keys the pool's prefix picture)",
     "replicas": "discovery (the static list)",
     "discovery": "discovery (sources restarted when their settings change)",
     "scheduling.profile": "router",
