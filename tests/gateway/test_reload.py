@@ -17,7 +17,7 @@ import yaml
 
 from tests.gateway.reload_stack import ADMIN, reload_stack
 from tests.gateway.stack import MODEL, chat, merge, metric_value, wait_for
-from tests.gateway.tenancy_stack import auth, tenant
+from tests.gateway.tenancy_stack import auth, tenancy_stack, tenant
 
 UNSET = "KVGATE_TEST_UNSET_REPLICA_KEY"
 MEMBERSHIP_FILTERS = [{"type": t} for t in ("in-service", "healthy", "serves-model", "serves-adapter")]
@@ -244,3 +244,13 @@ async def test_the_watch_follows_edits_and_symlink_swaps_and_counts_a_broken_fil
         looks = watch.looks
         r = await rs.reload()  # SIGHUP and the admin API still reload
         assert r.json()["generation"] == 5 and watch.looks == looks
+
+
+async def test_without_a_config_file_there_is_nothing_to_reload() -> None:
+    async with tenancy_stack({}) as s:  # built from a dict, as tests and embedders do
+        r = await s.client.post("/admin/reload", headers=ADMIN)
+        assert r.status_code == 409 and r.json()["error"]["code"] == "no_config_file"
+        status = (await s.client.get("/admin/config", headers=ADMIN)).json()
+        assert status["generation"] == 1 and status["file"] is None and status["watch"] is False
+        assert status["reloads"] == {"ok": 0, "invalid": 0, "refused": 0}
+        assert (await s.client.post("/admin/reload")).status_code == 401  # the admin guard
