@@ -119,12 +119,8 @@ class ConfigReloader:
                 return self._failed(trigger, "invalid", f"{err}")
             return await self._apply(new, trigger)
 
-    async def apply(self, new: Config, trigger: str) -> ReloadResult:
-        """Put `new` (already checked like a loaded file) in force, as `reload` does after loading."""
-        async with self._lock:
-            return await self._apply(new, trigger)
-
     async def _apply(self, new: Config, trigger: str) -> ReloadResult:
+        """Refuse, prepare, commit, publish, settle (module doc); under the lock."""
         old = self.current.config
         refused = restart_needed(old, new)
         if refused:
@@ -152,7 +148,7 @@ class ConfigReloader:
         changed = changed_paths(old, new)
         message = "changed: " + (", ".join(changed) if changed else "nothing (the file was applied again)")
         self._record(trigger, "ok", message)
-        log.warning(
+        log.info(
             "config reload (%s): generation %d, hash %s in force; %s",
             trigger, snapshot.generation, snapshot.digest, message,
         )  # fmt: skip
