@@ -49,10 +49,10 @@ async def test_a_reload_changes_a_limit_and_a_profile_weight_while_a_stream_runs
             "scheduling": {"profile": "lean", "profiles": {"lean": lean(weight)}},
         }
 
-    # ~100 ms a token: the 30-token stream runs for ~3 s, across the reload.
+    # ~100 ms a token: the 60-token stream runs for ~6 s, across the reload.
     async with reload_stack(tmp_path, config(rpm=1, weight=1), time_scale=50) as rs:
         body = chat(
-            "tell me a long story", max_tokens=30, stream=True, stream_options={"include_usage": True}
+            "tell me a long story", max_tokens=60, stream=True, stream_options={"include_usage": True}
         )
         async with rs.client.stream("POST", "/v1/chat/completions", json=body, headers=auth("acme")) as s:
             assert s.status_code == 200
@@ -70,6 +70,7 @@ async def test_a_reload_changes_a_limit_and_a_profile_weight_while_a_stream_runs
             got = r.json()
             assert got["reloaded"] is True and got["generation"] == 2
             assert "tenants" in got["message"] and "scheduling.profiles" in got["message"]
+            assert rs.gateway.drain.in_flight == 1  # the stream, still running across the reload
 
             for _ in range(50):  # 100 requests a second refill it now: the refused request passes
                 r = await post(rs, "three")
@@ -84,7 +85,7 @@ async def test_a_reload_changes_a_limit_and_a_profile_weight_while_a_stream_runs
         assert data[-1] == "[DONE]"
         chunks = [orjson.loads(d) for d in data[:-1]]
         assert not any("error" in c for c in chunks)
-        assert chunks[-1]["usage"]["completion_tokens"] == 30
+        assert chunks[-1]["usage"]["completion_tokens"] == 60
         text = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])
         assert text  # the whole answer, untouched
 
