@@ -13,6 +13,7 @@
     DELETE /admin/replicas/{name}/drain      undrain: its state follows its source again
     GET    /admin/routes[/{name}]            A/B routes: weights, buckets, live counts, latency per arm
     PUT    /admin/routes/{name}              runtime weights (every gateway); DELETE: back to the file's
+    GET    /admin/config, POST /admin/reload  the config in force, and reloading it (reload_admin.py)
 
 `Authorization: Bearer <admin key>`. No key or an unknown key: 401; a valid TENANT key: 403 (known,
 but not an admin); no admin keys configured at all: 403 (the admin API is off). Errors are in
@@ -38,6 +39,7 @@ from gateway import admin_changes, tenant_status
 from gateway.auth_keys import bearer_token
 from gateway.errors import GatewayError
 from gateway.gateway import Gateway
+from gateway.reload_admin import register_reload_admin
 from gateway.route_admin import register_route_admin
 from gateway.tenancy import Tenancy
 from gateway.usage_report import BadQuery, group, parse_query, to_csv, totals
@@ -209,6 +211,7 @@ def register_admin_routes(api: FastAPI, gateway: Callable[[], Gateway]) -> None:
         return gateway()
 
     register_route_admin(api, admin_gateway)  # /admin/routes (A/B routing, gateway/route_admin.py)
+    register_reload_admin(api, admin_gateway)  # /admin/config, /admin/reload (gateway/reload_admin.py)
 
 
 def replica_summary(gw: Gateway, name: str) -> dict[str, Any]:

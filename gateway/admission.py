@@ -47,12 +47,13 @@ import asyncio
 import itertools
 import math
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from prometheus_client.core import GaugeMetricFamily, Metric
 
 from gateway.config import FlowControlConfig
+from gateway.drain import shutting_down
 from gateway.errors import GatewayError
 from gateway.fleet.state import FleetChange, FleetState
 from gateway.metrics import GatewayMetrics
@@ -76,6 +77,13 @@ class _Pool:
     share: FairShare
     queue: FairQueue[asyncio.Future[None]] = field(default_factory=FairQueue)
     pending: int = 0  # released from the queue, not yet dispatched
+
+
+def _max_waits(cfg: FlowControlConfig) -> dict[Band, float]:
+    out = dict(_DEFAULT_MAX_WAIT)
+    for name, band in cfg.bands.items():
+        out[Band.parse(name)] = band.max_wait_s
+    return out
 
 
 def _released(fut: asyncio.Future[None]) -> bool:
@@ -102,9 +110,7 @@ class AdmissionQueue:
             stale_after_s=stale_after_s,
         )
         self._cfg = cfg
-        self._max_wait = dict(_DEFAULT_MAX_WAIT)
-        for name, band in cfg.bands.items():
-            self._max_wait[Band.parse(name)] = band.max_wait_s
+        self._max_wait = _max_waits(cfg)
         self._fleet = fleet
         self._m = metrics
         self._clock = clock
@@ -147,7 +153,9 @@ class AdmissionQueue:
         max_wait = self._max_wait[band]
         if max_wait <= 0:
             raise self._refuse(p, band, tenant, now, "shed")
-        if self._closed or self._depth >= self._cfg.max_queue:
+        if self._closed:
+            raise shutting_down()
+        if self._depth >= self._cfg.max_queue:
             raise self._refuse(p, band, tenant, now, "queue_full")
         if self.depth_of(tenant) >= self._cfg.max_queue_per_tenant:
             raise self._refuse(p, band, tenant, now, "tenant_queue_full")
@@ -234,13 +242,34 @@ class AdmissionQueue:
             self._drain(before, now)
 
     def close(self) -> None:
-        """Refuse everything waiting (shutdown)."""
+        """Refuse everything waiting, and all that would wait from now on: 503 with Retry-After and
+        Connection: close (the end of a drain's propagation window, and shutdown). Idempotent."""
         self._closed = True
         for p in self._pools.values():
             while (item := p.queue.pop()) is not None:
                 if not item.payload.done():
-                    item.payload.set_exception(GatewayError(503, "kvgate is shutting down"))
+                    self._m.rejections.labels(item.tenant, "draining").inc()
+                    item.payload.set_exception(shutting_down())
         self._depth = 0
+
+    def reconfigure(self, cfg: FlowControlConfig) -> None:
+        """Take a reloaded `flow_control` section (not `enabled`: that needs a restart). Waiters keep
+        their place and the deadline they started with; the new room may release some at once."""
+        sat = cfg.saturation
+        self._thr = replace(
+            self._thr,
+            max_waiting_per_replica=sat.max_waiting_per_replica,
+            max_kv_usage=sat.max_kv_usage,
+            max_in_flight_per_replica=sat.max_in_flight_per_replica,
+        )
+        self._cfg = cfg
+        self._max_wait = _max_waits(cfg)
+        self._window = cfg.fair_share.active_window_s
+        now = self._clock()
+        for p in self._pools.values():
+            p.share.window_s = self._window
+            if p.queue:
+                self._drain(p, now)
 
     # -- internals ------------------------------------------------------------------------------
 

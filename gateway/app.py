@@ -17,6 +17,7 @@ from starlette.exceptions import HTTPException
 from gateway.admin import register_admin_routes
 from gateway.asgi_io import Receive, Scope, Send
 from gateway.config import Config
+from gateway.config_file import ConfigFile
 from gateway.errors import error_body
 from gateway.gateway import Gateway
 from gateway.http_protocol import ConnectionCounts
@@ -28,9 +29,12 @@ PROMETHEUS_TEXT = "text/plain; version=0.0.4; charset=utf-8"
 class KvgateApp:
     """Top-level ASGI callable. `gateway` exists between lifespan startup and shutdown."""
 
-    def __init__(self, config: Config, gateway: Gateway | None = None) -> None:
+    def __init__(
+        self, config: Config, gateway: Gateway | None = None, config_file: ConfigFile | None = None
+    ) -> None:
         self.config = config
         self._given = gateway
+        self._config_file = config_file  # what a reload reads (gateway/reload.py)
         self.gateway: Gateway | None = None
         self._proxy: dict[str, ProxyEndpoint] = {}
         self._api = self._build_api()
@@ -50,7 +54,7 @@ class KvgateApp:
             await self._api(scope, receive, send)
 
     async def startup(self) -> Gateway:
-        gw = self._given or Gateway(self.config)
+        gw = self._given or Gateway(self.config, config_file=self._config_file)
         gw.metrics.add_callback(self.connections.collect)
         await gw.start()
         self.gateway = gw
@@ -124,6 +128,8 @@ class KvgateApp:
             }
             if gw.discovery.reconciler.statuses():
                 body["discovery"] = gw.discovery.status()
+            if gw.drain.draining:
+                body["drain"] = gw.drain.phase.value  # 503 from the first moment of a drain
             return JSONResponse(body, status_code=200 if ok else 503)
 
         @api.get("/metrics")

@@ -58,6 +58,16 @@ class ServerConfig(_Strict):
     # One JSON line per request on stdout (logger `kvgate.access`): tenant, model, replica, status,
     # tokens, TTFT, duration, retries, request id. Never a key or a prompt.
     access_log: bool = True
+    # Drain on SIGTERM/SIGINT (gateway/drain.py): /ready answers 503 at once while new requests are
+    # still served for drain_propagation_s (load balancers take kvgate out meanwhile), then they and
+    # the queued ones get 503 + Retry-After; requests in flight get drain_timeout_s more, after which
+    # a stream ends with an SSE error event. kvgate exits as soon as nothing is in flight.
+    drain_propagation_s: float = Field(5.0, ge=0, allow_inf_nan=False)
+    drain_timeout_s: float = Field(120.0, gt=0, allow_inf_nan=False)
+    # Reload the config file when its content changes, looked at every watch_config_interval_s
+    # (SIGHUP and POST /admin/reload reload it either way; gateway/reload.py).
+    watch_config: bool = False
+    watch_config_interval_s: float = Field(2.0, gt=0, allow_inf_nan=False)
 
 
 class ReplicaCredential(_Strict):
@@ -388,10 +398,15 @@ def load_config(path: str | Path) -> Config:
         text = p.read_text(encoding="utf-8")
     except OSError as err:
         raise ConfigError(f"{p}: cannot read: {err.strerror}") from None
+    return config_from_text(text, str(p))
+
+
+def config_from_text(text: str, source: str) -> Config:
+    """Validate a config file's text; `source` (its path) prefixes the errors about the file as such."""
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as err:
-        raise ConfigError(f"{p}: not valid YAML: {err}") from None
+        raise ConfigError(f"{source}: not valid YAML: {err}") from None
     if data is not None and not isinstance(data, dict):
-        raise ConfigError(f"{p}: the top level must be a mapping")
+        raise ConfigError(f"{source}: the top level must be a mapping")
     return parse_config(data)

@@ -10,13 +10,20 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gateway.config import Config, ConfigError, load_config, parse_config
+from gateway.config import Config, ConfigError, config_from_text, load_config, parse_config
 
 
 def load_checked(path: str | Path | None) -> Config:
     """The config at `path` (None: the empty config, every default), schema- and semantics-checked.
     Raises ConfigError listing each problem as `path: reason`; reads nothing else, starts nothing."""
     config = parse_config({}) if path is None else load_config(path)
+    check_semantics(config)
+    return config
+
+
+def checked_from_text(text: str, source: str) -> Config:
+    """`load_checked` for a file's text already read (a reload reads the bytes it hashes)."""
+    config = config_from_text(text, source)
     check_semantics(config)
     return config
 

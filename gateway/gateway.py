@@ -17,12 +17,16 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 
 from gateway.access_log import AccessLog
 from gateway.config import Config, ConfigError
+from gateway.config_file import ConfigFile, ConfigWatch
+from gateway.config_snapshot import ConfigSnapshot
 from gateway.discovery import Discovery
+from gateway.drain import Drain
 from gateway.fleet.scraper import FleetScraper, build_client
 from gateway.fleet.state import FleetChange, FleetState
 from gateway.forwarder import Forwarder, Timeouts
 from gateway.metrics import GatewayMetrics, gauge_family
 from gateway.model_routes import ModelRoutes
+from gateway.reload import ConfigReloader, Reconfigurable
 from gateway.replica_auth import ReplicaCredentials
 from gateway.request_id import RequestIds
 from gateway.routing import Router
@@ -43,8 +47,10 @@ class Gateway:
         clock: Callable[[], float] = time.monotonic,
         rng: random.Random | None = None,
         wall_clock: Callable[[], float] = time.time,
+        config_file: ConfigFile | None = None,
     ) -> None:
-        self.config = config
+        # The config in force: read once per request, replaced whole by a reload (`reloader`).
+        self.snapshot = ConfigSnapshot.of(config, generation=1)
         self.clock = clock
         self.rng = rng or random.Random(config.scheduling.seed)
         self.metrics = GatewayMetrics()
@@ -56,18 +62,58 @@ class Gateway:
         self.router = Router(config, self.rng)
         self.tenancy = Tenancy(config, self.fleet, self.metrics, clock, wall_clock)
         # A/B routing: routes, their runtime weights, adapter placement, shadow copies (issue #12).
-        # reload: a config reload calls `await self.model_routes.reload(new_config)` (resets routes).
         self.model_routes = ModelRoutes(config, self.fleet, self.router, self.metrics, self.rng, clock)
-        self.session_header = config.scheduling.session_header.lower().encode("latin-1")
         self.fleet.add_listener(self._on_fleet_change)
         self.metrics.add_callback(self._collect_fleet_gauges)
         self.request_ids = RequestIds()
         self.access_log = AccessLog(config.server.access_log)
         self.metrics.add_callback(self.discovery.collect)
+        self.drain = Drain()  # SIGTERM: gateway/drain.py
+        self.reloader = ConfigReloader(self.snapshot, self.reload_components(), self._publish, config_file)
+        self.metrics.add_callback(self.reloader.collect)
+        self._watch = (
+            None
+            if config_file is None
+            else ConfigWatch(config_file, lambda: self.snapshot.config.server, self.reloader.reload)
+        )
         self._pool: UpstreamPool | None = None
         self._scrape_pool: UpstreamPool | None = None
         self._scraper: FleetScraper | None = None
         self._forwarder: Forwarder | None = None
+
+    @property
+    def config(self) -> Config:
+        """The config in force (a request reads `snapshot` once instead, and keeps it)."""
+        return self.snapshot.config
+
+    @property
+    def session_header(self) -> bytes:
+        return self.snapshot.session_header
+
+    def reload_components(self) -> list[tuple[str, Reconfigurable]]:
+        """What a reload prepares and commits, in this order (gateway/reload.py): credentials before
+        discovery's settle, so a replica the new static list brings gets the new pool credential."""
+        return [
+            ("replica credentials", self.credentials),
+            ("tenants", self.tenancy),
+            ("scheduling", self.router),
+            ("routes", self.model_routes),  # back to the file's weights; runtime overrides dropped
+            ("discovery", self.discovery),
+        ]
+
+    def _publish(self, snapshot: ConfigSnapshot) -> None:
+        self.snapshot = snapshot
+
+    async def drain_gracefully(self) -> int:
+        """The SIGTERM sequence (gateway/drain.py) with the drain settings in force; returns how many
+        requests were cut at the drain timeout. The caller then stops the server."""
+        server = self.snapshot.config.server
+        admission = self.tenancy.admission
+        return await self.drain.run(
+            server.drain_propagation_s,
+            server.drain_timeout_s,
+            admission.close if admission is not None else lambda: None,
+        )
 
     @property
     def forwarder(self) -> Forwarder:
@@ -103,8 +149,12 @@ class Gateway:
         await self.discovery.start()
         await self.tenancy.start()
         await self.model_routes.start(self._pool, self._forwarder, self.tenancy.admission, self.credentials)
+        if self._watch is not None:
+            self._watch.start()
 
     async def stop(self) -> None:
+        if self._watch is not None:
+            await self._watch.stop()
         await self.model_routes.stop()
         await self.discovery.stop()
         await self.tenancy.stop()
@@ -119,7 +169,10 @@ class Gateway:
         """The TLS context both pools share; None when no replica is https:// (reads the CA file)."""
         up = self.config.upstream
         discovered_tls = self.config.discovery.configured  # a replicas file may name https:// ones
-        if not discovered_tls and not any(parse_replica_url(r.url).tls for r in self.config.replicas):
+        own_trust = up.tls_ca_file is not None or not up.tls_verify  # for https:// replicas a reload brings
+        if not (discovered_tls or own_trust) and not any(
+            parse_replica_url(r.url).tls for r in self.config.replicas
+        ):
             return None
         if not up.tls_verify:
             log.warning("upstream.tls_verify is false: replica certificates and host names are not checked")
@@ -129,8 +182,11 @@ class Gateway:
             raise ConfigError(f"upstream.tls_ca_file: {err}") from None
 
     def ready(self) -> bool:
-        """At least one replica is in service, healthy and has been scraped, and no discovery source
-        is stale (a fleet picture nobody refreshes may be routing to replicas long gone)."""
+        """Not draining, at least one replica is in service, healthy and has been scraped, and no
+        discovery source is stale (a fleet picture nobody refreshes may be routing to replicas long
+        gone)."""
+        if self.drain.draining:
+            return False
         return not self.discovery.stale_sources() and any(
             r.in_service and r.healthy and r.scraped_at is not None for r in self.fleet.snapshot().replicas
         )

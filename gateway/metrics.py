@@ -126,7 +126,8 @@ class GatewayMetrics:
             "kvgate_rejections",
             "Requests refused by tenancy or flow control, by tenant and reason (unauthenticated, "
             "model_not_allowed, bad_priority, concurrency, rate_limit_requests, rate_limit_tokens, "
-            "too_large, store_unavailable, shed, queue_full, tenant_queue_full, queue_timeout).",
+            "too_large, store_unavailable, shed, queue_full, tenant_queue_full, queue_timeout, "
+            "draining).",
             ["tenant", "reason"],
             registry=r,
         )

@@ -32,6 +32,7 @@ from gateway.fleet.state import FleetState
 from gateway.forwarder import Forwarder, Outcome
 from gateway.metrics import GatewayMetrics
 from gateway.model_resolver import ModelResolver, Resolution
+from gateway.reload import ReloadStep
 from gateway.replica_auth import ReplicaCredentials
 from gateway.request_parse import ParsedRequest
 from gateway.route_metrics import RouteMetrics
@@ -214,28 +215,43 @@ class ModelRoutes:
 
     # -- operations -----------------------------------------------------------------------------
 
-    async def reload(self, config: Config) -> None:
-        """Hook for a config reload (the operations work, #14, calls this with the new config once it
-        is validated): routes go back to the file — new weights, and every runtime override dropped,
-        in the shared store too so that every gateway converges — and that is logged."""
+    def prepare(self, old: Config, new: Config) -> ReloadStep:
+        """A config reload (gateway/reload.py): routes go back to the file — new weights, and every
+        runtime override dropped, in the shared store too so that every gateway converges — and that
+        is logged. The table is built here (the config was validated in full already); the swap is the
+        commit; dropping the shared overrides is the settle."""
+        table = RouteTable(new)
         dropped = sorted(self.table.overrides)
-        self.table = RouteTable(config)
-        self.resolver.configure(self.table, config)
-        self.shadow.set_limits(_mirror_limits(config))
-        self.loader.configure(config)
-        self.store.follow(list(self.table.routes))
-        for name in dropped:
-            if name in self.table.routes:
-                try:
-                    await self.store.clear(name)
-                except OverrideStoreUnavailable as err:
-                    log.warning("config reload: could not drop the shared override of %s: %s", name, err)
-        log.warning(
-            "config reload: routes reset to the file%s",
-            f" (runtime weights dropped: {', '.join(dropped)})"
-            if dropped
-            else " (no runtime weights were set)",
-        )
+
+        def commit() -> None:
+            self.table = table
+            self.resolver.configure(table, new)
+            self.shadow.set_limits(_mirror_limits(new))
+            self.loader.configure(new)
+            self.store.follow(list(table.routes))
+
+        async def settle() -> None:
+            for name in dropped:
+                if name in table.routes:
+                    try:
+                        await self.store.clear(name)
+                    except OverrideStoreUnavailable as err:
+                        log.warning("config reload: could not drop the shared override of %s: %s", name, err)
+            log.warning(
+                "config reload: routes reset to the file%s",
+                f" (runtime weights dropped: {', '.join(dropped)})"
+                if dropped
+                else " (no runtime weights were set)",
+            )
+
+        return ReloadStep(commit, settle)
+
+    async def reload(self, config: Config) -> None:
+        """`prepare`, commit and settle in one call (for callers outside a Gateway reload)."""
+        step = self.prepare(config, config)
+        step.commit()
+        if step.settle is not None:
+            await step.settle()
 
 
 def _describe(o: RouteOverride) -> str:

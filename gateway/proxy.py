@@ -29,14 +29,16 @@ from gateway.asgi_io import (
     read_body,
     send_error,
 )
+from gateway.drain import shutting_down
 from gateway.errors import GatewayError, bad_request
-from gateway.forwarder import Dispatch, Outcome
+from gateway.forwarder import _DONE, Dispatch, Outcome
 from gateway.model_resolver import Resolution
 from gateway.request_parse import Endpoint, ParsedRequest, parse_request
 from policies.tenancy import reserved_output_tokens
 from policies.types import ReplicaState, RequestInfo
 
 if TYPE_CHECKING:
+    from gateway.config_snapshot import ConfigSnapshot
     from gateway.gateway import Gateway
     from gateway.tenancy import Admitted
 
@@ -61,6 +63,12 @@ class ProxyEndpoint:
         if scope["method"] != "POST":
             await send_error(send, GatewayError(405, f"use POST for {self.path}"), (rid,))
             return
+        drain = gw.drain
+        if drain.refusing:  # draining, past the propagation window (gateway/drain.py)
+            gw.metrics.rejections.labels("unknown", "draining").inc()
+            await send_error(send, shutting_down(), (rid,))
+            return
+        snap = gw.snapshot  # this request's config, kept to its end whatever a reload does
         t0 = time.perf_counter()
         model_label = "unknown"
         status = 0
@@ -74,11 +82,12 @@ class ProxyEndpoint:
         task = asyncio.current_task()
         assert task is not None
         gw.metrics.in_flight.inc()
+        drain.enter(task)
         try:
             # The key is in the headers: an unauthenticated client never makes kvgate buffer a body.
             tenant = gw.tenancy.authenticate(header(scope, b"authorization"))
             tenant_name = tenant.name
-            raw = await read_body(scope, receive, gw.config.server.max_body_bytes)
+            raw = await read_body(scope, receive, snap.config.server.max_body_bytes)
             req = parse_request(raw, self.endpoint)
             res = gw.model_routes.resolve(req, tenant.name, scope)
             model_label = res.pool
@@ -96,11 +105,13 @@ class ProxyEndpoint:
                 res = await gw.model_routes.place(res)
                 model_label = res.pool
                 gw.tenancy.check_model(tenant, res.target)
-            info = self._request_info(req, res, tenant.name, scope)
+            info = self._request_info(req, res, tenant.name, scope, snap)
             admitted = await gw.tenancy.admit(tenant, info, header(scope, b"x-kvgate-priority"))
             info = admitted.info
             extra_headers = [rid, *admitted.headers]
-            await self._route_and_forward(req, raw, info, admitted, send, watch, progress, cap, rid, res)
+            await self._route_and_forward(
+                req, raw, info, admitted, send, watch, progress, cap, rid, res, snap
+            )
             status = progress.status
         except GatewayError as err:
             status = err.status
@@ -109,11 +120,17 @@ class ProxyEndpoint:
         except ClientGone:
             status = 499
         except asyncio.CancelledError:
-            if watch is None or not watch.gone:
+            if watch is not None and watch.gone:
+                task.uncancel()
+                status = 499
+                gw.metrics.client_disconnects.inc()
+            elif drain.cut:  # still in flight at the drain timeout
+                task.uncancel()
+                why = f"kvgate is shutting down ({drain.cut_reason})"
+                stream = req is not None and req.stream
+                status = await _end_cut(send, watch, progress, extra_headers, stream, why, snap)
+            else:
                 raise
-            task.uncancel()
-            status = 499
-            gw.metrics.client_disconnects.inc()
         except Exception:
             # A bug, not the client's doing: answer in OpenAI's shape and still settle the tenant.
             log.exception("unexpected error on %s", self.path)
@@ -124,6 +141,7 @@ class ProxyEndpoint:
             if watch is not None:
                 watch.close()
             gw.metrics.in_flight.dec()
+            drain.leave(task)
         if progress.slow_client:
             await _drop_connection(scope)
         await self._account(model_label, status, t0, admitted, progress)
@@ -145,12 +163,14 @@ class ProxyEndpoint:
                 target=res.target if res is not None else None,
             )
 
-    def _request_info(self, req: ParsedRequest, res: Resolution, tenant: str, scope: Scope) -> RequestInfo:
+    def _request_info(
+        self, req: ParsedRequest, res: Resolution, tenant: str, scope: Scope, snap: ConfigSnapshot
+    ) -> RequestInfo:
         gw = self.gw
         base, adapter = res.pool, res.adapter
         facts = gw.router.prompt_facts(self.endpoint, req.body, base, adapter)
         max_tokens = req.max_tokens if req.max_tokens is not None else gw.tenancy.default_max_tokens(tenant)
-        session = header(scope, gw.session_header)
+        session = header(scope, snap.session_header)
         return RequestInfo(
             model=req.model,
             base_model=base,
@@ -178,6 +198,7 @@ class ProxyEndpoint:
         output_cap: int | None,
         rid: tuple[bytes, bytes],
         res: Resolution,
+        snap: ConfigSnapshot,
     ) -> Outcome:
         gw = self.gw
         t = time.perf_counter()
@@ -190,7 +211,7 @@ class ProxyEndpoint:
         if info.prefix_keys:
             gw.metrics.prefix_match.observe(routed.match.get(winner, 0) / len(info.prefix_keys))
         headers = [rid, *admitted.headers, (b"x-kvgate-target", res.header)]
-        if gw.config.server.debug_headers:
+        if snap.config.server.debug_headers:
             headers.append((b"x-kvgate-route", route_header(decision, winner)))
 
         tokens = info.reserved_tokens
@@ -305,6 +326,39 @@ class ProxyEndpoint:
                     usage.completion_tokens,
                     usage.cached_tokens,
                 )
+
+
+async def _end_cut(
+    send: Send,
+    watch: DisconnectWatch | None,
+    progress: Outcome,
+    headers: list[tuple[bytes, bytes]],
+    stream: bool,
+    why: str,
+    snap: ConfigSnapshot,
+) -> int:
+    """End a request the drain cut (gateway/drain.py) and return the status to record: a stream
+    under way gets an SSE error event and `data: [DONE]` (the forwarder's ending for a broken stream;
+    its replica request was closed, which aborts it there), a request not yet answered a 503 with
+    Retry-After. A whole answer cut between its head and its body is left unfinished (the server
+    closes the connection)."""
+    if watch is not None:
+        watch.finish()
+    progress.error_kind = "drain_cut"
+    try:
+        async with asyncio.timeout(snap.config.server.send_timeout_s):
+            if progress.status == 0:
+                await send_error(send, shutting_down(why), headers)
+                return 503
+            if stream and progress.ended_at is None and not progress.slow_client:
+                err = GatewayError(503, f"{why}: the stream was ended")
+                await send(
+                    {"type": "http.response.body", "body": err.sse_event() + _DONE, "more_body": False}
+                )
+                progress.ended_at = time.perf_counter()
+    except TimeoutError:
+        progress.slow_client = True  # dropped below, like any client that stopped reading
+    return progress.status
 
 
 async def _drop_connection(scope: Scope) -> None:

@@ -20,6 +20,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from gateway.config import Config, ConfigError, ReplicaCredential
+from gateway.reload import ReloadStep
 
 log = logging.getLogger(__name__)
 Header = tuple[bytes, bytes]
@@ -27,8 +28,8 @@ _NONE: tuple[Header, ...] = ()
 
 
 class ReplicaCredentials:
-    """Header lines to send to each replica. Pools' credentials are fixed at construction; replicas'
-    change as they join (`update_replica`, `forget`). One event loop."""
+    """Header lines to send to each replica. Pools' credentials are read at construction and on a
+    reload (`prepare`); replicas' change as they join (`update_replica`, `forget`). One event loop."""
 
     __slots__ = ("_by_pool", "_by_replica", "_env")
 
@@ -68,6 +69,21 @@ class ReplicaCredentials:
         except ConfigError as err:
             self._by_replica.pop(name, None)
             log.warning("%s; its pool's credential is sent instead", err)
+
+    def prepare(self, old: Config, new: Config) -> ReloadStep:
+        """Reload (gateway/reload.py): read the new config's pool and static-replica credentials now
+        (ConfigError, naming the setting, refuses the reload); the commit swaps them in. Replicas a
+        discovery source brought keep theirs."""
+        fresh = ReplicaCredentials.from_config(new, self._env)
+        dropped = {r.display_name for r in old.replicas if r.has_credential} - set(fresh._by_replica)
+
+        def commit() -> None:
+            self._by_pool = fresh._by_pool
+            for name in dropped:
+                self._by_replica.pop(name, None)
+            self._by_replica.update(fresh._by_replica)
+
+        return ReloadStep(commit)
 
     def forget(self, name: str) -> None:
         self._by_replica.pop(name, None)

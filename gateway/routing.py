@@ -15,6 +15,7 @@ from typing import Any
 import orjson
 
 from gateway.config import Config
+from gateway.reload import ReloadStep
 from gateway.tokenizers import Tokenizer, tokenizer_for
 from policies.prefix import byte_block_keys, seed_for, token_block_keys
 from policies.prefix_index import PrefixIndex
@@ -52,16 +53,21 @@ def profile_specs(config: Config) -> dict[str, Mapping[str, Any]]:
     return specs
 
 
+def _build_profiles(config: Config) -> dict[str, SchedulingProfile]:
+    """Every profile of `config`, built; ValueError for an unknown active profile or a bad plugin."""
+    specs = profile_specs(config)
+    if config.scheduling.profile not in specs:
+        raise ValueError(f"scheduling.profile: no profile named {config.scheduling.profile!r}")
+    return {n: build_profile(s) for n, s in specs.items()}
+
+
 class Router:
     """Owns the prefix index and the session map; one per Gateway, one event loop."""
 
     def __init__(self, config: Config, rng: random.Random) -> None:
         sched = config.scheduling
         self._config = config
-        specs = profile_specs(config)
-        if sched.profile not in specs:
-            raise ValueError(f"scheduling.profile: no profile named {sched.profile!r}")
-        self.profiles: dict[str, SchedulingProfile] = {n: build_profile(s) for n, s in specs.items()}
+        self.profiles: dict[str, SchedulingProfile] = _build_profiles(config)
         self.profile = self.profiles[sched.profile]
         self.profile_name = sched.profile
         self.index_block_tokens = sched.prefix_index.block_tokens
@@ -75,6 +81,24 @@ class Router:
         self._tokenizers: dict[str, Tokenizer | None] = {
             m.name: tokenizer_for(m.tokenizer) for m in config.models
         }
+
+    def prepare(self, old: Config, new: Config) -> ReloadStep:
+        """Reload (gateway/reload.py): the profiles and the active one, the pools' tokenizers. The
+        prefix index and the session map are kept (`scheduling.prefix_index` needs a restart); a
+        profile chosen with `use_profile` gives way to the file's. Raises ValueError for a profile
+        that does not build."""
+        profiles = _build_profiles(new)
+        tokenizers = {m.name: tokenizer_for(m.tokenizer) for m in new.models}
+        name = new.scheduling.profile
+
+        def commit() -> None:
+            self._config = new
+            self.profiles = profiles
+            self.profile = profiles[name]
+            self.profile_name = name
+            self._tokenizers = tokenizers
+
+        return ReloadStep(commit)
 
     def use_profile(self, name: str) -> None:
         """Switch the active profile (benchmarks compare policies on one running gateway). An unknown

@@ -2,24 +2,42 @@
 
 The proxy is one process with one event loop (see DESIGN.md: one picture of the fleet per process);
 uvloop and httptools when available, no access log (a log line per request is hot-path work).
+
+As a process (`serve_forever`), kvgate handles its signals itself rather than leaving them to
+uvicorn, which would close the listener at once (so `/ready` would be refused instead of answering
+503) and stop serving before load balancers have noticed:
+
+- SIGTERM or SIGINT: the drain (gateway/drain.py), then uvicorn is told to exit, which closes the
+  listener and the idle keep-alive connections and stops the Gateway; exit status 0.
+- a second SIGTERM or SIGINT: exit at once. Requests in flight are ended as at the drain timeout
+  (a stream gets its SSE error event), the server waits at most FORCED_SHUTDOWN_S for their
+  connections, and the Gateway is stopped; exit status 128 + the signal's number (143 for SIGTERM,
+  130 for SIGINT).
+- SIGHUP: reload the config file (gateway/reload.py); the outcome is logged.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import signal
 import socket
-from collections.abc import Generator
+from collections.abc import Coroutine, Generator
 from typing import Any
 
 import uvicorn
 
 from gateway.app import KvgateApp
 from gateway.config import Config
+from gateway.config_file import ConfigFile
 from gateway.gateway import Gateway
 from gateway.http_protocol import ClientLimits, protocol_class
 from gateway.logs import configure as configure_logging
+
+log = logging.getLogger(__name__)
+
+FORCED_SHUTDOWN_S = 1  # after a second SIGTERM: the longest wait for connections to finish
 
 
 class _QuietServer(uvicorn.Server):
@@ -67,9 +85,14 @@ class GatewayServer:
     """`async with GatewayServer(config) as srv:` serves kvgate on `srv.url` in the running loop."""
 
     def __init__(
-        self, config: Config, host: str = "127.0.0.1", port: int = 0, gateway: Gateway | None = None
+        self,
+        config: Config,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        gateway: Gateway | None = None,
+        config_file: ConfigFile | None = None,
     ):
-        self.app = KvgateApp(config, gateway)
+        self.app = KvgateApp(config, gateway, config_file)
         self._host = host
         self._port = port
         self._server: _QuietServer | None = None
@@ -101,33 +124,76 @@ class GatewayServer:
         await self._task
 
 
-def _exit_cleanly(signum: int, frame: object) -> None:
-    raise SystemExit(0)
+class _Signals:
+    """The process's signal handling (module doc), on the server's event loop."""
+
+    def __init__(self, server: _QuietServer, app: KvgateApp) -> None:
+        self._server = server
+        self._app = app
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._drain: asyncio.Task[Any] | None = None
+        self.exit_code = 0
+
+    def stop(self, signum: int) -> None:
+        server, gw = self._server, self._app.gateway
+        name = signal.Signals(signum).name
+        if gw is None:  # still starting: nothing can be in flight
+            server.should_exit = True
+        elif gw.drain.begin():
+            log.warning("%s: draining (send it again to exit at once)", name)
+            self._drain = self._spawn(self._drain_then_exit(gw))
+        elif self.exit_code == 0:
+            log.warning("%s again: exiting at once, ending %d requests in flight", name, gw.drain.in_flight)
+            self.exit_code = 128 + signum
+            if self._drain is not None:
+                self._drain.cancel()
+            gw.drain.cut_now(f"{name} twice: exiting at once")
+            server.config.timeout_graceful_shutdown = FORCED_SHUTDOWN_S
+            server.should_exit = True
+
+    def reload(self) -> None:
+        gw = self._app.gateway
+        if gw is None:
+            log.warning("SIGHUP: kvgate is starting; not reloading")
+            return
+        self._spawn(gw.reloader.reload("SIGHUP"))
+
+    async def _drain_then_exit(self, gw: Gateway) -> None:
+        await gw.drain_gracefully()
+        self._server.should_exit = True
+
+    def _spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
 
 
-def serve_forever(config: Config, host: str, port: int) -> None:
-    """Blocking: run kvgate until SIGINT/SIGTERM, then return normally.
+async def _serve(server: _QuietServer, app: KvgateApp) -> int:
+    loop = asyncio.get_running_loop()
+    signals = _Signals(server, app)
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, signals.stop, signum)
+    loop.add_signal_handler(signal.SIGHUP, signals.reload)
+    try:
+        await server.serve()
+    finally:
+        for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            loop.remove_signal_handler(signum)
+    return signals.exit_code
 
-    uvicorn shuts down gracefully on either signal and then re-raises it with the previous handlers
-    back in place; those handlers turn it into a normal return here, so callers' `finally` blocks run
-    (`kvgate up` stops its simulated fleet there).
-    """
+
+def serve_forever(config: Config, host: str, port: int, config_file: ConfigFile | None = None) -> int:
+    """Blocking: run kvgate until it has drained after SIGTERM/SIGINT (module doc); return the exit
+    status (0 after a drain). Returns rather than exits, so callers' `finally` blocks run (`kvgate up`
+    stops its simulated fleet there). `config_file` is what SIGHUP and the admin API reload."""
     loop = "uvloop"
     try:
         import uvloop  # noqa: F401
     except ImportError:  # pragma: no cover - uvloop is a dependency on every supported platform
         loop = "asyncio"
     configure_logging(config.server)
-    server = uvicorn.Server(
-        uvicorn_config(KvgateApp(config), config.server.log_level, loop, host=host, port=port)
-    )
-    previous = signal.signal(signal.SIGTERM, _exit_cleanly)
-    try:
-        server.run()
-    except KeyboardInterrupt:
-        pass
-    except SystemExit as exc:
-        if exc.code not in (0, None):
-            raise
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+    app = KvgateApp(config, config_file=config_file)
+    server = _QuietServer(uvicorn_config(app, config.server.log_level, loop, host=host, port=port))
+    with asyncio.Runner(loop_factory=server.config.get_loop_factory()) as runner:
+        return runner.run(_serve(server, app))

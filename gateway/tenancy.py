@@ -47,6 +47,7 @@ from gateway.metrics import GatewayMetrics
 from gateway.policy_overrides import Overrides
 from gateway.policy_sync import PolicySync, build_policy_sync
 from gateway.rate_limit import RateLimiter, Reservation
+from gateway.reload import ReloadStep
 from gateway.sse_filter import Usage
 from gateway.stores import build_ledger_store, build_store
 from gateway.tenants import ANONYMOUS, Tenant, TenantRegistry
@@ -127,19 +128,15 @@ class Tenancy:
         self.registry = TenantRegistry(config)
         self._m = metrics
         self.wall_clock = wall_clock
+        self._clock = clock
         self.gateway_id = gateway_id or new_gateway_id()
         self.limiter: RateLimiter | None = None
         self.ledger: UsageLedger | None = None
         self.sync: PolicySync | None = None
-        if not self.registry.open:
-            store = build_store(config.state, metrics, clock, wall_clock)
-            self.limiter = RateLimiter(store, metrics, clock, wall_clock)
-            if config.ledger.enabled:
-                ledger_store = build_ledger_store(config.state, config.ledger, wall_clock)
-                self.ledger = UsageLedger(ledger_store, config.ledger, metrics, self.gateway_id, wall_clock)
-            self.sync = build_policy_sync(
-                config.state, self.apply_overrides, metrics, self.gateway_id, wall_clock
-            )
+        # A shared store is connected at start even before any tenant needs it: a reload may bring
+        # the first tenants, and a remote store needs connecting (reload commits are synchronous).
+        if not self.registry.open or config.state.store != "memory://":
+            self._build_stores(config)
         fc = config.flow_control
         self.admission: AdmissionQueue | None = None
         if fc.enabled:
@@ -172,9 +169,50 @@ class Tenancy:
         if self.limiter is not None:
             await self.limiter.close()
 
+    def _build_stores(self, config: Config) -> None:
+        """The rate-limit store, the usage ledger and the admin changes' sync for `config.state`."""
+        self.limiter = RateLimiter(
+            build_store(config.state, self._m, self._clock, self.wall_clock),
+            self._m,
+            self._clock,
+            self.wall_clock,
+        )
+        if config.ledger.enabled:
+            ledger_store = build_ledger_store(config.state, config.ledger, self.wall_clock)
+            self.ledger = UsageLedger(ledger_store, config.ledger, self._m, self.gateway_id, self.wall_clock)
+        self.sync = build_policy_sync(
+            config.state, self.apply_overrides, self._m, self.gateway_id, self.wall_clock
+        )
+
     def apply_overrides(self, overrides: Overrides) -> None:
         """Swap in the registry of the config with the admin API's changes laid over it."""
         self.registry = TenantRegistry(self.config, overrides)
+
+    def prepare(self, old: Config, new: Config) -> ReloadStep:
+        """Reload (gateway/reload.py): a new tenant registry (tenants, keys, limits, quotas, bands,
+        weights, admin keys) with the admin API's changes laid over it again, and flow-control
+        settings. Buckets and quota counters live in the store keyed by tenant (and key) name, so a
+        tenant keeps its levels under new limits; requests in flight keep the Tenant they started
+        with, and settle against what they reserved. A reload that brings the first tenants to a
+        gateway that started open (memory store) builds the stores then; they start in `settle`."""
+        registry = TenantRegistry(new, self.registry.overrides)
+        first = self.limiter is None and not registry.open
+        fc = new.flow_control
+
+        def commit() -> None:
+            self.config = new
+            self.registry = registry
+            if first:
+                self._build_stores(new)
+            self._pass_priority = fc.pass_priority
+            if self.admission is not None:
+                self.admission.reconfigure(fc)
+
+        async def settle() -> None:
+            if first:
+                await self.start()
+
+        return ReloadStep(commit, settle if first else None)
 
     def on_fleet_change(self, replica: str, change: FleetChange) -> None:
         if self.admission is not None:

@@ -15,12 +15,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from gateway.config import ConfigError
-    from gateway.config_check import load_checked
+    from gateway.config_file import ConfigFile
     from gateway.replica_auth import ReplicaCredentials
     from gateway.server import serve_forever
 
+    config_file = ConfigFile(args.config)  # read again on SIGHUP, POST /admin/reload, or when watched
     try:
-        config = load_checked(args.config)
+        config = config_file.load()  # the same checks as every command (config_check)
         ReplicaCredentials.from_config(config)  # an unset variable stops here, not inside the server
     except ConfigError as err:
         print(f"kvgate: invalid config {args.config}:\n{err}", file=sys.stderr)
@@ -32,7 +33,9 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    serve_forever(
-        config, args.host or config.server.host, args.port if args.port is not None else config.server.port
+    return serve_forever(
+        config,
+        args.host or config.server.host,
+        args.port if args.port is not None else config.server.port,
+        config_file,
     )
-    return 0

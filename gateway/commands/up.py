@@ -3,7 +3,8 @@
 The simulated fleet starts only when the config names neither replicas nor discovery.
 
 The fleet runs as a child process (`kvgate sim`) so the simulator and the gateway each get their own
-core; kvgate runs here with in-memory state. Ctrl-C stops both.
+core; kvgate runs here with in-memory state. Ctrl-C drains kvgate (gateway/drain.py), then stops both;
+a second Ctrl-C stops them at once.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import sys
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from gateway.config import Config
+    from gateway.config import Config, SimulatorConfig
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -30,27 +31,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from gateway.config import ConfigError
     from gateway.config_check import load_checked
+    from gateway.config_file import ConfigFile
     from gateway.embedded_fleet import EmbeddedFleet, FleetStartError, with_simulated_replicas
     from gateway.replica_auth import ReplicaCredentials
     from gateway.server import serve_forever
 
+    config_file = ConfigFile(args.config) if args.config is not None else None
     try:
-        config = load_checked(args.config)
+        config = config_file.load() if config_file is not None else load_checked(None)
         ReplicaCredentials.from_config(config)  # an unset variable stops here, not inside the server
     except ConfigError as err:
         print(f"kvgate: invalid config {args.config}:\n{err}", file=sys.stderr)
         return 2
-    sim = config.simulator.model_copy(
-        update={
-            k: v
-            for k, v in {
-                "replicas": args.replicas,
-                "profile": args.profile,
-                "time_scale": args.time_scale,
-            }.items()
-            if v is not None
-        }
-    )
+    sim = _simulator(config, args)
     host = args.host or config.server.host
     port = args.port if args.port is not None else config.server.port
     fleet: EmbeddedFleet | None = None
@@ -62,17 +55,41 @@ def run(args: argparse.Namespace) -> int:
             except FleetStartError as err:
                 print(f"kvgate up: the simulated fleet did not start: {err}", file=sys.stderr)
                 return 1
-            config = with_simulated_replicas(config, sim, urls)
+
+            def with_fleet(file_config: Config) -> Config:
+                """A reload of a file that names no replicas keeps the simulated ones (its simulator
+                section changed: refused, the fleet was started with it)."""
+                if file_config.replicas or file_config.discovery.configured:
+                    return file_config
+                return with_simulated_replicas(file_config, _simulator(file_config, args), urls)
+
+            config = with_fleet(config)
+            if config_file is not None:
+                config_file.adjust = with_fleet
             print(f"simulated fleet: {len(urls)} x {sim.profile} (time scale {sim.time_scale})")
             for u in urls:
                 print(f"  {u}")
         model = _a_model(config)
         print(banner(f"http://{host}:{port}", model), flush=True)
-        serve_forever(config, host, port)
+        return serve_forever(config, host, port, config_file)
     finally:
         if fleet is not None:
             fleet.stop()
-    return 0
+
+
+def _simulator(config: Config, args: argparse.Namespace) -> SimulatorConfig:
+    """The config's simulator section with the command line's overrides."""
+    return config.simulator.model_copy(
+        update={
+            k: v
+            for k, v in {
+                "replicas": args.replicas,
+                "profile": args.profile,
+                "time_scale": args.time_scale,
+            }.items()
+            if v is not None
+        }
+    )
 
 
 def _a_model(config: Config) -> str:
@@ -98,5 +115,5 @@ kvgate is listening on {url}
   print(client.chat.completions.create(model="{model}",
         messages=[{{"role": "user", "content": "Hello!"}}]).choices[0].message.content)
 
-  metrics: {url}/metrics    readiness: {url}/ready    Ctrl-C stops everything.
+  metrics: {url}/metrics    readiness: {url}/ready    Ctrl-C drains and stops everything (twice: at once).
 """

@@ -22,7 +22,7 @@ from typing import Any, Protocol
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from gateway.config import ReplicaConfig
+from gateway.config import Config, ReplicaConfig
 from gateway.config_discovery import DiscoveryConfig
 from gateway.discovery.dns_source import DnsSource
 from gateway.discovery.file_source import FileSource
@@ -30,6 +30,7 @@ from gateway.discovery.kubernetes_source import KubernetesSource
 from gateway.discovery.reconciler import Reconciler
 from gateway.fleet.membership import ReplicaSpec
 from gateway.fleet.state import FleetState
+from gateway.reload import ReloadStep
 
 log = logging.getLogger(__name__)
 
@@ -95,6 +96,15 @@ class Discovery:
                 self.reconciler.unregister(kind)
         self.reconciler.set_static(_static_specs(static))
         await self._start_sources(config, changed)
+
+    def prepare(self, old: Config, new: Config) -> ReloadStep:
+        """Reload (gateway/reload.py): nothing to swap at once; the settle step applies the new static
+        list and discovery section (`reconfigure`). Replicas, their states and drains survive."""
+
+        async def settle() -> None:
+            await self.reconfigure(new.replicas, new.discovery)
+
+        return ReloadStep(settle=settle)
 
     def stale_sources(self) -> list[str]:
         """Sources not in sync for longer than `stale_after_s` (or never)."""
