@@ -24,9 +24,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 
 from gateway.config import Config, ReplicaConfig
 from gateway.config_discovery import DiscoveryConfig
-from gateway.discovery.dns_source import DnsSource
 from gateway.discovery.file_source import FileSource
-from gateway.discovery.kubernetes_source import KubernetesSource
 from gateway.discovery.reconciler import Reconciler
 from gateway.fleet.membership import ReplicaSpec
 from gateway.fleet.state import FleetState
@@ -177,9 +175,15 @@ class Discovery:
         ramp = config.slow_start_s
         if kind == "file" and config.file is not None:
             return FileSource(config.file, self.reconciler, slow_start_s=ramp)
+        # The Kubernetes and DNS clients load only when configured: together they are most of a
+        # second of start-up (every `kvgate` command, every gateway process) for a static fleet.
         if kind == "kubernetes" and config.kubernetes is not None:
+            from gateway.discovery.kubernetes_source import KubernetesSource
+
             return KubernetesSource(config.kubernetes, self.reconciler, slow_start_s=ramp)
         if kind == "dns" and config.dns is not None:
+            from gateway.discovery.dns_source import DnsSource
+
             return DnsSource(config.dns, self.reconciler, slow_start_s=ramp)
         return None
 
