@@ -78,6 +78,7 @@ class Router:
         self._sessions: OrderedDict[str, str] = OrderedDict()
         self._sequence = 0
         self._stale_after = config.fleet.stale_after_s
+        self._in_flight_cap = _in_flight_cap(config)
         self._tokenizers: dict[str, Tokenizer | None] = {
             m.name: tokenizer_for(m.tokenizer) for m in config.models
         }
@@ -91,8 +92,11 @@ class Router:
         tokenizers = {m.name: tokenizer_for(m.tokenizer) for m in new.models}
         name = new.scheduling.profile
 
+        cap = _in_flight_cap(new)
+
         def commit() -> None:
             self._config = new
+            self._in_flight_cap = cap
             self.profiles = profiles
             self.profile = profiles[name]
             self.profile_name = name
@@ -160,6 +164,7 @@ class Router:
             session_replica=session_replica,
             sequence=self._sequence,
             stale_after_s=self._stale_after,
+            max_in_flight_per_replica=self._in_flight_cap,
         )
         return Routed(self.profile.schedule(ctx, candidates, self._rng), match)
 
@@ -173,3 +178,9 @@ class Router:
             sessions.move_to_end(info.session_id)
             if len(sessions) > SESSION_MAP_SIZE:
                 sessions.popitem(last=False)
+
+
+def _in_flight_cap(config: Config) -> int | None:
+    """What one replica may hold in flight (`in-flight-cap`): flow control's cap, None when it is off."""
+    fc = config.flow_control
+    return fc.saturation.max_in_flight_per_replica if fc.enabled else None

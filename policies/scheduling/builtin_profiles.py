@@ -9,7 +9,9 @@
   so they differ from `default` in how they choose, not in whether they can serve.
 
 Every built-in starts with `in-service`: a replica that is not ready or is draining must get no new
-request whichever profile is active. `slow-start` only acts on replicas that are ramping up.
+request whichever profile is active. `slow-start` only acts on replicas that are ramping up, and
+`in-flight-cap` on replicas at flow control's per-replica cap (flow control admits by the pool's room,
+scheduling must then not pile it onto one replica).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ _BASE_FILTERS: tuple[dict[str, Any], ...] = (
     {"type": "serves-model"},
     {"type": "serves-adapter"},
     {"type": "slow-start"},  # soft, and a no-op unless a replica is ramping up (discovery.slow_start_s)
+    {"type": "in-flight-cap"},  # soft: a replica at flow control's per-replica cap waits its turn
 )
 
 _SPECS: dict[str, dict[str, Any]] = {

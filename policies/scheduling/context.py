@@ -19,6 +19,7 @@ class SchedulingContext:
     - `session_replica`: the replica that served this session's previous request, if any.
     - `sequence`: a per-gateway request counter, so a stateless round-robin picker can rotate.
     - `stale_after_s`: a scrape older than this (seconds) makes a replica stale.
+    - `max_in_flight_per_replica`: the requests flow control lets one replica hold (None: no cap).
     """
 
     request: RequestInfo
@@ -28,3 +29,4 @@ class SchedulingContext:
     session_replica: str | None = None
     sequence: int = 0
     stale_after_s: float = 1.0
+    max_in_flight_per_replica: int | None = None

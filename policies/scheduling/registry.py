@@ -28,6 +28,7 @@ from typing import Any, Literal, cast
 from policies.scheduling.contracts import Filter, Picker, Scorer
 from policies.scheduling.filters.fresh import FreshFilter
 from policies.scheduling.filters.healthy import HealthyFilter
+from policies.scheduling.filters.in_flight_cap import InFlightCapFilter
 from policies.scheduling.filters.in_service import InServiceFilter
 from policies.scheduling.filters.kv_full import KvFullFilter
 from policies.scheduling.filters.load_guard import LoadGuardFilter
@@ -66,6 +67,7 @@ _FILTERS: dict[str, type[Filter]] = {
     "load-guard": LoadGuardFilter,
     "in-service": InServiceFilter,
     "slow-start": SlowStartFilter,
+    "in-flight-cap": InFlightCapFilter,
 }
 _SCORERS: dict[str, type[Scorer]] = {
     "prefix-affinity": PrefixAffinityScorer,

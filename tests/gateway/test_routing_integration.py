@@ -102,3 +102,34 @@ async def test_adapter_request_prefers_the_replica_where_it_is_active() -> None:
             for t in busy:
                 t.cancel()
             await asyncio.gather(*busy, return_exceptions=True)
+
+
+async def test_a_replica_at_its_in_flight_cap_is_not_given_more_of_a_shared_prefix() -> None:
+    """Flow control admits by the pool's room; routing must not then pile a shared prefix onto the one
+    replica holding it past `max_in_flight_per_replica` (seen: six requests on one replica, cap 1)."""
+    cap = {"flow_control": {"saturation": {"max_in_flight_per_replica": 1}}}
+    async with stack(replicas=2, time_scale=20.0, config=cap) as s:
+        warm = await s.client.post("/v1/chat/completions", json=with_system("warm up", max_tokens=1))
+        holder = warm.headers["x-kvgate-replica"]
+        peak: collections.Counter[str] = collections.Counter()
+        done = asyncio.Event()
+
+        async def watch() -> None:
+            while not done.is_set():
+                for r in s.gateway.fleet.snapshot().replicas:
+                    peak[r.name] = max(peak[r.name], r.in_flight)
+                await asyncio.sleep(0.002)
+
+        watcher = asyncio.create_task(watch())
+        rs = await asyncio.gather(
+            *(
+                s.client.post("/v1/chat/completions", json=with_system(f"q{i}", max_tokens=8))
+                for i in range(6)
+            )
+        )
+        done.set()
+        await watcher
+        assert [r.status_code for r in rs] == [200] * 6
+        assert max(peak.values()) == 1, peak  # never two at once on a replica
+        assert {r.headers["x-kvgate-replica"] for r in rs} == {"r0", "r1"}  # both served
+        assert holder in {"r0", "r1"}

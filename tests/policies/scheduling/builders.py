@@ -39,6 +39,7 @@ def context(
     sequence: int = 0,
     now: float = NOW,
     stale_after_s: float = 1.0,
+    max_in_flight_per_replica: int | None = None,
 ) -> SchedulingContext:
     return SchedulingContext(
         request=request(adapter, base_model, prefix_blocks),
@@ -48,6 +49,7 @@ def context(
         session_replica=session_replica,
         sequence=sequence,
         stale_after_s=stale_after_s,
+        max_in_flight_per_replica=max_in_flight_per_replica,
     )
 
 

@@ -43,6 +43,7 @@ def test_default_filter_and_scorer_types() -> None:
         "serves-model",
         "serves-adapter",
         "slow-start",
+        "in-flight-cap",
         "fresh",
         "load-guard",
     ]
