@@ -301,7 +301,7 @@ class DefaultWeights:
         max-score picker."""
         filters: list[dict[str, Any]] = [
             {"type": "in-service"}, {"type": "healthy"}, {"type": "serves-model"}, {"type": "serves-adapter"},
-            {"type": "slow-start"}, {"type": "fresh"},
+            {"type": "slow-start"}, {"type": "in-flight-cap"}, {"type": "fresh"},
         ]  # fmt: skip
         if self.kv_full is not None:
             filters.append({"type": "kv-full", "params": {"threshold": float(self.kv_full)}})

@@ -30,9 +30,10 @@ async def test_shared_prefix_sticks_to_one_replica_while_load_allows() -> None:
 
 
 async def test_shared_prefix_spreads_when_one_replica_would_be_overloaded() -> None:
-    # Slow decode and long outputs: requests pile up, so the load guard must pull traffic away.
-    # Flow control is off: this is about where routing sends what it is given, not about admission.
-    async with stack(replicas=3, time_scale=4.0, config={"flow_control": {"enabled": False}}) as s:
+    # Slow decode and long outputs (~2 s each): requests pile up, so the load guard must pull traffic
+    # away, even on a busy machine where the client takes a while to send all 48. Flow control is off:
+    # this is about where routing sends what it is given, not about admission.
+    async with stack(replicas=3, time_scale=20.0, config={"flow_control": {"enabled": False}}) as s:
 
         async def one(i: int) -> str:
             r = await s.client.post("/v1/chat/completions", json=with_system(f"q{i}", max_tokens=48))

@@ -246,6 +246,7 @@ def test_default_weights_variant_sets_weights_guard_and_kv_full() -> None:
     assert {f["type"] for f in bare.spec()["filters"]} == {
         "in-service",
         "slow-start",
+        "in-flight-cap",
         "healthy",
         "serves-model",
         "serves-adapter",
