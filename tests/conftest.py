@@ -47,8 +47,20 @@ def _missing(needs: Needs) -> list[str]:
     return [exe for exe in needs.executables if shutil.which(exe) is None]
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """Under CI every program must be there, checked once, before any test (or test worker) starts."""
+    if not _in_ci() or hasattr(config, "workerinput"):  # workerinput: a pytest-xdist worker
+        return
+    for needs in NEEDS.values():
+        missing = _missing(needs)
+        if missing:
+            raise pytest.UsageError(
+                f"CI=true but {' and '.join(missing)} {'is' if len(missing) == 1 else 'are'} not on PATH: "
+                f"the {needs.what} tests need it; {needs.hint}"
+            )
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    skipped: dict[str, int] = {}
     for fixture, needs in NEEDS.items():
         missing = _missing(needs)
         if not missing:
@@ -57,20 +69,23 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if not needing:
             continue
         absent = f"{' and '.join(missing)} {'is' if len(missing) == 1 else 'are'} not on PATH"
-        if _in_ci():
-            raise pytest.UsageError(f"CI=true but {absent}: {len(needing)} tests need it; {needs.hint}")
         skip = pytest.mark.skip(reason=f"{absent}; {needs.hint}")
         for it in needing:
             it.add_marker(skip)
-        skipped[f"{needs.what} tests skipped: {absent}; {needs.hint}"] = len(needing)
-    config.stash[_SKIPPED] = skipped
-
-
-_SKIPPED = pytest.StashKey[dict[str, int]]()
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:
-    for line, n in config.stash.get(_SKIPPED, {}).items():
+    """One line per missing program, counted from the skipped reports themselves: with test workers
+    (pytest-xdist) the skips are decided in the workers, and only their reports reach this process."""
+    counts: dict[str, int] = {}
+    for report in terminalreporter.stats.get("skipped", []):
+        longrepr = report.longrepr
+        reason = longrepr[2] if isinstance(longrepr, tuple) else str(longrepr)
+        for needs in NEEDS.values():
+            if needs.hint in reason:
+                line = f"{needs.what} tests skipped: {reason.removeprefix('Skipped: ')}"
+                counts[line] = counts.get(line, 0) + 1
+    for line, n in counts.items():
         terminalreporter.write_line(f"{n} {line}", yellow=True)
 
 
