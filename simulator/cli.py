@@ -1,8 +1,12 @@
 """`kvgate sim`: serve N simulated vLLM replicas on ports P ... P+N-1 until SIGINT/SIGTERM.
 
 Prints one base URL per line (flushed) once every replica serves, so a parent process can read them.
-`--port 0` picks free ports. Faults given here apply to every replica; change them per replica at
-runtime with `POST /sim/faults`. Importing this module is cheap: the server stack loads in `run`.
+`--port 0` picks free ports. With `--kv-events-port Q` each replica also publishes vLLM's KV-cache
+events (PUB on Q+2i, replay ROUTER on Q+2i+1; 0 = free ports), and after the URLs one line per replica
+says where: `kv-events pub=tcp://127.0.0.1:Q replay=tcp://127.0.0.1:Q+1`.
+
+Faults given here apply to every replica; change them per replica at runtime with `POST /sim/faults`.
+Importing this module is cheap: the server stack loads in `run`.
 """
 
 from __future__ import annotations
@@ -38,6 +42,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--adapters", default="", help="comma-separated LoRA adapters loaded at start")
     parser.add_argument("--model", default=None, help="served model name (default: the profile's)")
     parser.add_argument("--scheduling-policy", choices=("fcfs", "priority"), default="fcfs")
+    parser.add_argument("--kv-events-port", type=int, default=None,
+                        help="publish KV-cache events as vLLM's --kv-events-config does: replica i on "
+                             "PORT+2i (ZeroMQ PUB) and PORT+2i+1 (replay ROUTER); 0 = free ports "
+                             "(default: no events)")
+    parser.add_argument("--kv-events-topic", default="",
+                        help="topic of the KV-event messages (default '', as vLLM)")
     parser.add_argument("--api-key", default=None,
                         help="as vllm serve --api-key: /v1/* requests need 'Authorization: Bearer KEY' "
                              "(default: $VLLM_API_KEY, as vLLM; unset = open)")
@@ -82,7 +92,9 @@ def run(args: argparse.Namespace) -> int:
             print(f"kvgate sim: {exc}", file=sys.stderr)
             return 1
         try:
-            print("\n".join(fleet.urls), flush=True)
+            kv = [f"kv-events pub={e.pub} replay={e.replay}" for e in fleet.kv_event_endpoints]
+            lines = fleet.urls + kv
+            print("\n".join(lines), flush=True)
             await stop.wait()
         finally:
             await fleet.stop()
@@ -118,4 +130,5 @@ def _fleet_kwargs(args: argparse.Namespace) -> dict[str, Any]:
         "max_loras": max_loras, "adapters": adapters, "model": args.model,
         "scheduling_policy": args.scheduling_policy, "faults": faults, "fault_seed": args.fault_seed,
         "api_key": args.api_key if args.api_key is not None else (os.environ.get("VLLM_API_KEY") or None),
+        "kv_events_port": args.kv_events_port, "kv_events_topic": args.kv_events_topic,
     }

@@ -12,6 +12,10 @@ tokens reach all its tokens samples one (its first output token ends its prefill
 per step); at `max_tokens` tokens it finishes ("length") and frees its blocks at once. Full blocks of
 prompt and output are registered in the prefix cache by the scheduler when it hands out the batch.
 
+With `kv_events` on, the KV cache and the scheduler record vLLM's KV-cache events as they work
+(`simulator/kv_events/log.py`); the driver takes each step's events with `take_kv_events` and publishes
+them as one batch. Off (the default), nothing is recorded.
+
 Step time = profile roofline (max of compute and memory time, plus overhead) over the scheduled
 tokens, the KV they read and their attention pairs, plus `lora_load_s` per adapter made resident.
 """
@@ -23,6 +27,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from simulator.kv_cache import KVCache, adapter_extra_key
+from simulator.kv_events.events import KVEvent
+from simulator.kv_events.log import KVEventLog
 from simulator.profiles import Profile
 from simulator.request import EngineRequest, FinishedRequest, RequestState, TokenEvent
 from simulator.scheduler import Scheduler
@@ -47,7 +53,8 @@ class EngineConfig:
     tokens) defaults to the profile's, lowered to the KV capacity when the cache is smaller than that.
     `max_loras` 0 disables LoRA; otherwise it caps distinct adapters in one batch and the adapters
     resident on the GPU. `lora_load_s` is simulated seconds to make an adapter resident.
-    `scheduling_policy` is "fcfs" or "priority" (lower `priority` first, then arrival).
+    `scheduling_policy` is "fcfs" or "priority" (lower `priority` first, then arrival). `kv_events`
+    records vLLM's KV-cache events for `Engine.take_kv_events` (take them, or they pile up).
     """
 
     block_size: int = 16
@@ -59,6 +66,7 @@ class EngineConfig:
     max_loras: int = 0
     lora_load_s: float = 0.005
     scheduling_policy: str = "fcfs"
+    kv_events: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,7 +166,8 @@ class Engine:
         self.num_gpu_blocks = num_blocks
         self.block_size = config.block_size
         self._roofline = profile.roofline()
-        self._cache = KVCache(num_blocks, config.block_size, config.enable_prefix_caching)
+        self._events = KVEventLog(config.block_size) if config.kv_events else None
+        self._cache = KVCache(num_blocks, config.block_size, config.enable_prefix_caching, self._events)
         self._scheduler = Scheduler(
             self._cache,
             max_num_seqs=config.max_num_seqs,
@@ -234,8 +243,13 @@ class Engine:
         return bool(self._requests)
 
     def reset_prefix_cache(self) -> bool:
-        """Forget all cached prefixes; like vLLM, only when no block is in use (else False)."""
+        """Forget all cached prefixes; like vLLM, only when no block is in use (else False). With KV
+        events on, records `AllBlocksCleared`: like vLLM's, it goes out with the next step's batch."""
         return self._cache.reset_prefix_cache()
+
+    def take_kv_events(self) -> list[KVEvent]:
+        """The KV-cache events recorded since the last call (vLLM's `take_events`); [] when off."""
+        return [] if self._events is None else self._events.take()
 
     # -- one step ------------------------------------------------------------------------------------
 

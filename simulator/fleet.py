@@ -9,6 +9,13 @@ In a running event loop (tests)::
         await fleet.stop_replica(0)     # hard kill: listener closed, connections dropped
         await fleet.restart_replica(0)  # a fresh process on the same port (empty cache, zeroed metrics)
 
+With KV-cache events (off unless `kv_events_port` is given), each replica publishes them as vLLM does
+(`simulator/kv_events/publisher.py`)::
+
+    async with SimFleet(replicas=2, kv_events_port=0) as fleet:
+        fleet.kv_event_endpoints[1].pub     # "tcp://127.0.0.1:45678": connect a SUB socket here
+        fleet.kv_event_endpoints[1].replay  # the ROUTER answering replay requests
+
 From synchronous code (its own thread and loop)::
 
     handle = SimFleet.start_in_thread(replicas=2)
@@ -24,13 +31,20 @@ import threading
 from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import replace
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
+from simulator.kv_events import DEFAULT_BUFFER_STEPS, DEFAULT_TOPIC, KVEventEndpoints
 from simulator.server.faults import FaultConfig
 from simulator.server.replica import Replica, ReplicaConfig
 from simulator.server.server import ReplicaServer, bind_socket
 
+if TYPE_CHECKING:
+    from simulator.kv_events.publisher import KVEventPublisher
+
 T = TypeVar("T")
+
+_KV_REBIND_TIMEOUT_S = 5.0
+"""A restarted replica's event ports may still be held by the closed publisher's sockets for a moment."""
 
 
 class SimFleet:
@@ -39,6 +53,12 @@ class SimFleet:
     Every keyword but `faults` configures each replica alike (see `ReplicaConfig`); `faults` is one
     `FaultConfig` for all or a sequence with one entry (or None) per replica. Replica i seeds its
     error-rate draws with `fault_seed + i`.
+
+    KV-cache events: with `kv_events_port` Q, replica i publishes on `Q + 2i` (PUB) and answers replay
+    requests on `Q + 2i + 1` (ROUTER), under `kv_events_topic`, keeping `kv_events_buffer_steps`
+    messages for replay (vLLM's defaults: topic "", 10,000). Q = 0 picks free ports. None (the
+    default): no events, no sockets. `kv_event_endpoints` says where; a restarted replica keeps its
+    ports and starts again at sequence 0.
     """
 
     def __init__(
@@ -62,9 +82,17 @@ class SimFleet:
         faults: FaultConfig | Sequence[FaultConfig | None] | None = None,
         fault_seed: int = 0,
         api_key: str | None = None,
+        kv_events_port: int | None = None,
+        kv_events_topic: str = DEFAULT_TOPIC,
+        kv_events_buffer_steps: int = DEFAULT_BUFFER_STEPS,
     ) -> None:
         if replicas < 1:
             raise ValueError(f"replicas must be >= 1, got {replicas}")
+        if kv_events_port is not None and not 0 <= kv_events_port <= 65536 - 2 * replicas:
+            raise ValueError(f"kv_events_port must be 0 (free ports) or leave room for {2 * replicas} "
+                             f"ports below 65536, got {kv_events_port}")
+        if kv_events_buffer_steps < 1:
+            raise ValueError(f"kv_events_buffer_steps must be >= 1, got {kv_events_buffer_steps}")
         if isinstance(faults, FaultConfig) or faults is None:
             per_replica: list[FaultConfig | None] = [faults] * replicas
         else:
@@ -85,21 +113,29 @@ class SimFleet:
         self._base_port = base_port
         self._servers: list[ReplicaServer] = []
         self._running: list[bool] = []
+        self._kv_port = kv_events_port
+        self._kv_topic = kv_events_topic
+        self._kv_buffer_steps = kv_events_buffer_steps
+        self._kv_ports: list[tuple[int, int]] = []  # replica i's (PUB, ROUTER) ports once bound
+        self._kv_endpoints: list[KVEventEndpoints] = []
 
     # -- lifecycle -------------------------------------------------------------------------------------
 
     async def start(self) -> None:
         """Bind every port, then serve; on any failure, stop what started and re-raise."""
         try:
-            for i, config in enumerate(self._configs):
+            for i in range(len(self._configs)):
                 port = self._base_port + i if self._base_port else 0
-                server = ReplicaServer(Replica(config), bind_socket(self._host, port))
+                server = await self._make_server(i, port)
                 self._servers.append(server)
                 self._running.append(False)
                 await server.start()
                 self._running[i] = True
         except BaseException:
             await self.stop()
+            for server, up in zip(self._servers, self._running, strict=True):
+                if not up:  # made but not started: its engine task and event sockets
+                    await server.replica.stop()
             raise
 
     async def stop(self) -> None:
@@ -123,6 +159,12 @@ class SimFleet:
         """Base URLs (`http://host:port`), one per replica, stable across stop/restart."""
         return [s.url for s in self._servers]
 
+    @property
+    def kv_event_endpoints(self) -> list[KVEventEndpoints]:
+        """Each replica's KV-event endpoints (PUB, ROUTER replay), stable across stop/restart; [] when
+        events are off."""
+        return list(self._kv_endpoints)
+
     def replica(self, i: int) -> Replica:
         """Replica i's parts: `.engine`, `.stats`, `.faults`, `.set_faults()`, `.metrics`, `.models`."""
         return self._servers[i].replica
@@ -140,11 +182,42 @@ class SimFleet:
         """Start replica i again on the same port, fresh (as a restarted process: empty cache, new metrics,
         its start-up faults)."""
         await self.stop_replica(i)
-        old = self._servers[i]
-        server = ReplicaServer(Replica(self._configs[i]), bind_socket(self._host, old.port))
+        server = await self._make_server(i, self._servers[i].port, restart=True)
         self._servers[i] = server
         await server.start()
         self._running[i] = True
+
+    async def _make_server(self, i: int, port: int, restart: bool = False) -> ReplicaServer:
+        """Replica i on `port`, its sockets bound (HTTP, and the event sockets when events are on)."""
+        sock = bind_socket(self._host, port)
+        publisher = None
+        try:
+            if self._kv_port is not None:
+                publisher = await self._open_publisher(i, restart)
+            return ReplicaServer(Replica(self._configs[i], publisher), sock)
+        except BaseException:
+            sock.close()
+            if publisher is not None:
+                await publisher.close()
+            raise
+
+    async def _open_publisher(self, i: int, restart: bool) -> KVEventPublisher:
+        from simulator.kv_events.publisher import KVEventPublisher
+
+        if i < len(self._kv_ports):
+            pub_port, replay_port = self._kv_ports[i]
+        elif self._kv_port:
+            pub_port, replay_port = self._kv_port + 2 * i, self._kv_port + 2 * i + 1
+        else:
+            pub_port = replay_port = 0
+        publisher = await KVEventPublisher.open(
+            self._host, pub_port, replay_port, topic=self._kv_topic, buffer_steps=self._kv_buffer_steps,
+            rebind_timeout_s=_KV_REBIND_TIMEOUT_S if restart else 0.0,
+        )
+        if i == len(self._kv_ports):
+            self._kv_ports.append((_port_of(publisher.endpoints.pub), _port_of(publisher.endpoints.replay)))
+            self._kv_endpoints.append(publisher.endpoints)
+        return publisher
 
     # -- from synchronous code -------------------------------------------------------------------------
 
@@ -155,6 +228,10 @@ class SimFleet:
         handle = FleetThread(lambda: cls(**kwargs))
         handle.start()
         return handle
+
+
+def _port_of(endpoint: str) -> int:
+    return int(endpoint.rsplit(":", 1)[1])
 
 
 class FleetThread:
@@ -172,6 +249,7 @@ class FleetThread:
         self._fleet: SimFleet | None = None
         self._thread = threading.Thread(target=self._main, name="kvgate-sim-fleet", daemon=True)
         self.urls: list[str] = []
+        self.kv_event_endpoints: list[KVEventEndpoints] = []
 
     def start(self) -> None:
         self._thread.start()
@@ -233,6 +311,7 @@ class FleetThread:
             return
         self._fleet = fleet
         self.urls = fleet.urls
+        self.kv_event_endpoints = fleet.kv_event_endpoints
         self._ready.set()
         try:
             await self._stop.wait()

@@ -11,6 +11,10 @@ A block's key is `chain_key(parent key, block token ids, extra)`: equal keys mea
 a 64-bit hash collision). Only full blocks get keys. `extra` separates caches that must not share
 (the LoRA adapter). Keys are Python's tuple hash of ints, which is the same in every process.
 
+With an event log (`events`, when KV-cache events are enabled) the cache records what vLLM's block
+pool publishes: a `removed` event when a cached block is taken for new tokens and its key forgotten,
+`cleared` on a successful `reset_prefix_cache`. (The scheduler records `stored`: it knows the tokens.)
+
 Every operation costs O(blocks it touches); nothing scans all blocks except `reset_prefix_cache`.
 Not thread-safe: one engine owns one cache.
 """
@@ -21,6 +25,8 @@ from array import array
 from collections.abc import Sequence
 
 import xxhash
+
+from simulator.kv_events.log import KVEventLog
 
 _ROOT_KEY = 0x6B7667617465  # parent key of a sequence's first block ("kvgate")
 
@@ -143,9 +149,14 @@ class KVCache:
     a block that has a reference.
     """
 
-    __slots__ = ("_cached", "_free", "_key_of", "_ref", "block_size", "enable_prefix_caching", "num_blocks")
+    __slots__ = (
+        "_cached", "_free", "_key_of", "_ref", "block_size", "enable_prefix_caching", "events", "num_blocks",
+    )  # fmt: skip
 
-    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True) -> None:
+    def __init__(
+        self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True,
+        events: KVEventLog | None = None,
+    ) -> None:
         if num_blocks < 1 or block_size < 1:
             raise ValueError(f"need num_blocks >= 1 and block_size >= 1, got {num_blocks}, {block_size}")
         self.num_blocks = num_blocks
@@ -155,6 +166,7 @@ class KVCache:
         self._key_of: list[int | None] = [None] * num_blocks
         self._cached: dict[int, int] = {}  # key -> block id holding it
         self._free = FreeBlockQueue(num_blocks)
+        self.events = events
 
     @property
     def num_free_blocks(self) -> int:
@@ -209,7 +221,7 @@ class KVCache:
         """
         if n > len(self._free):
             raise ValueError(f"cannot allocate {n} blocks, {len(self._free)} free")
-        free, ref, key_of, cached = self._free, self._ref, self._key_of, self._cached
+        free, ref, key_of, cached, events = self._free, self._ref, self._key_of, self._cached, self.events
         blocks = []
         for _ in range(n):
             b = free.popleft()
@@ -218,6 +230,8 @@ class KVCache:
                 key_of[b] = None
                 if cached.get(key) == b:
                     del cached[key]
+                    if events is not None:
+                        events.removed(key)
             ref[b] = 1
             blocks.append(b)
         return blocks
@@ -234,14 +248,17 @@ class KVCache:
             if not ref[b]:
                 free.append(b)
 
-    def cache_full_block(self, block_id: int, key: int) -> None:
-        """Make full block `block_id` findable under `key`. A key another block already holds stays
-        with that block (this one then stays unkeyed, like a duplicate in vLLM)."""
+    def cache_full_block(self, block_id: int, key: int) -> bool:
+        """Make full block `block_id` findable under `key`; True if it now is. A key another block
+        already holds stays with that block (this one then stays unkeyed and False is returned; vLLM
+        keeps such duplicates findable too, see `simulator/kv_events/log.py`)."""
         if not self.enable_prefix_caching or self._key_of[block_id] is not None:
-            return
-        if key not in self._cached:
-            self._cached[key] = block_id
-            self._key_of[block_id] = key
+            return False
+        if key in self._cached:
+            return False
+        self._cached[key] = block_id
+        self._key_of[block_id] = key
+        return True
 
     def block_key(self, block_id: int) -> int | None:
         """The key `block_id` is findable under, or None."""
@@ -263,4 +280,6 @@ class KVCache:
             return False
         self._cached.clear()
         self._key_of = [None] * self.num_blocks
+        if self.events is not None:
+            self.events.cleared()
         return True

@@ -16,8 +16,9 @@ class EngineRequest:
 
     `prompt_token_ids` must not be empty; the engine copies it. The request produces exactly
     `max_tokens` tokens unless finished early from outside. `adapter` is a LoRA adapter name (None for
-    the base model); `priority` matters under the "priority" policy (lower is served first); `seed`
-    picks the filler text.
+    the base model) and `adapter_id` its integer id (vLLM's `lora_int_id`, only published in KV events
+    as `lora_id`); `priority` matters under the "priority" policy (lower is served first); `seed` picks
+    the filler text.
     """
 
     request_id: str
@@ -26,6 +27,7 @@ class EngineRequest:
     adapter: str | None = None
     priority: int = 0
     seed: int = 0
+    adapter_id: int | None = None
 
 
 class TokenEvent(NamedTuple):
@@ -79,7 +81,7 @@ class RequestState:
     """
 
     __slots__ = (
-        "adapter", "arrival", "blocks", "cached_tokens", "computed_prompt_tokens", "extra",
+        "adapter", "adapter_id", "arrival", "blocks", "cached_tokens", "computed_prompt_tokens", "extra",
         "first_scheduled", "first_token", "keys", "max_tokens", "num_cached_blocks", "num_computed",
         "num_output", "num_preemptions", "order", "priority", "prompt_len", "request_id", "running",
         "scheduled", "seed", "token_ids",
@@ -88,6 +90,7 @@ class RequestState:
     def __init__(self, request: EngineRequest, arrival: float, order: int, extra: int) -> None:
         self.request_id = request.request_id
         self.adapter = request.adapter
+        self.adapter_id = request.adapter_id
         self.priority = request.priority
         self.seed = request.seed
         self.max_tokens = request.max_tokens

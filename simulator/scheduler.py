@@ -148,14 +148,37 @@ class Scheduler:
         return scheduled, num_preempted
 
     def _register_full_blocks(self, s: RequestState) -> None:
-        """Make the full blocks this step completes for `s` findable in the prefix cache."""
-        bs = self.cache.block_size
+        """Make the full blocks this step completes for `s` findable in the prefix cache (and, with
+        events on, record them as vLLM's `BlockStored`)."""
+        cache = self.cache
+        bs = cache.block_size
         full = (s.num_computed + s.scheduled) // bs
         if len(s.keys) < full:
             extend_block_keys(s.keys, s.token_ids, bs, s.extra)
-        for b in range(s.num_cached_blocks, full):
-            self.cache.cache_full_block(s.blocks[b], s.keys[b])
+        start = s.num_cached_blocks
+        if cache.events is None:
+            for b in range(start, full):
+                cache.cache_full_block(s.blocks[b], s.keys[b])
+        else:
+            self._record_stored(s, start, [cache.cache_full_block(s.blocks[b], s.keys[b])
+                                           for b in range(start, full)])
         s.num_cached_blocks = full
+
+    def _record_stored(self, s: RequestState, start: int, keyed: list[bool]) -> None:
+        """One `BlockStored` for blocks `start`.. of `s` that became findable (`keyed`): vLLM's one event
+        per request and step. A block left unkeyed (its key is another block's) splits the chain, so
+        that every published hash is one the cache finds."""
+        events, bs, keys = self.cache.events, self.cache.block_size, s.keys
+        assert events is not None
+        run = None  # first block of the current run of keyed blocks
+        for i, ok in enumerate([*keyed, False]):
+            b = start + i
+            if ok and run is None:
+                run = b
+            elif not ok and run is not None:
+                events.stored(keys[run:b], keys[run - 1] if run else None, s.token_ids[run * bs : b * bs],
+                              s.adapter, s.adapter_id)
+                run = None
 
     def _preempt(self, s: RequestState) -> None:
         self._release(s)

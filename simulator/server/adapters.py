@@ -14,6 +14,8 @@ class ModelRegistry:
     """Base model name + loaded adapters (name -> path), in load order. Owned by one replica's loop.
 
     `lora_enabled` is False when the replica runs without LoRA (`max_loras` = 0): then loading fails.
+    Each load gets the next integer id from 1 (vLLM's `lora_int_id`; an adapter loaded again gets a new
+    one), which KV-cache events publish as `lora_id`.
     """
 
     def __init__(self, base_model: str, max_model_len: int, *, lora_enabled: bool,
@@ -22,10 +24,16 @@ class ModelRegistry:
         self.max_model_len = max_model_len
         self.lora_enabled = lora_enabled
         self._adapters: dict[str, str] = dict(adapters or {})
+        self._ids = {name: i for i, name in enumerate(self._adapters, start=1)}
+        self._next_id = len(self._ids) + 1
 
     @property
     def adapters(self) -> tuple[str, ...]:
         return tuple(self._adapters)
+
+    def lora_int_id(self, adapter: str | None) -> int | None:
+        """The integer id of a loaded adapter (None for the base model or an unknown name)."""
+        return None if adapter is None else self._ids.get(adapter)
 
     def resolve(self, model: str | None) -> str | None:
         """The adapter a request's `model` field names (None for the base model); 404 if unknown."""
@@ -47,6 +55,8 @@ class ModelRegistry:
             raise ApiError(400, f"The lora adapter '{name}' has already been loaded.",
                            type="InvalidUserInput")
         self._adapters[name] = path
+        self._ids[name] = self._next_id
+        self._next_id += 1
         return f"Success: LoRA adapter '{name}' added successfully."
 
     def unload(self, name: object) -> str:
@@ -57,6 +67,7 @@ class ModelRegistry:
         if name not in self._adapters:
             raise ApiError(404, f"The lora adapter '{name}' cannot be found.", type="NotFoundError")
         del self._adapters[name]
+        del self._ids[name]
         return f"Success: LoRA adapter '{name}' removed successfully."
 
     def models_body(self) -> bytes:

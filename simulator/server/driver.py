@@ -13,6 +13,10 @@ simulated time is counted in `kvgate_sim_clock_jump_seconds_total`, and every st
 `kvgate_sim_step_lag_seconds`. Requests that arrive mid-step and aborts are applied at the next step
 boundary, as vLLM's scheduler sees them; arrival times are kept (never later than the step they join).
 
+KV-cache events (when the replica publishes them): each step's events are taken from the engine when
+the step is scheduled and published when it ends, with its tokens, as vLLM publishes a step's events
+once its output is in (`update_from_output`): one batch per step, none for a step without events.
+
 Everything here runs on the replica's event loop; nothing is thread-safe.
 """
 
@@ -22,9 +26,11 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import Protocol
 
 from simulator.engine import Engine, EngineRequest, FinishedRequest, StepResult, TokenEvent
+from simulator.kv_events.events import KVEvent
 from simulator.server.metrics import ReplicaMetrics
 
 log = logging.getLogger(__name__)
@@ -34,6 +40,12 @@ _IDLE_POLL_S = 0.01
 _TIMER_SLACK_S = 0.0005
 """Event-loop timers fire up to ~1 ms late (millisecond poll timeouts): aim this much early, so wake-ups
 scatter around the deadline instead of always after it. Within this of the deadline counts as on time."""
+
+
+class KVEventSink(Protocol):
+    def publish(self, events: Sequence[KVEvent]) -> object:
+        """Send one step's events; must neither block nor raise."""
+        ...
 
 
 class EngineFailed(RuntimeError):
@@ -107,7 +119,8 @@ class EngineDriver:
 
     `slowdown()` is read every step (the slowdown fault). `clock` is a monotonic wall clock in seconds.
     `lora_enabled` makes every step record the running/waiting adapter combination for
-    `vllm:lora_requests_info`.
+    `vllm:lora_requests_info`. `kv_events` gets each step's KV-cache events (the engine must record
+    them: `EngineConfig.kv_events`).
     """
 
     def __init__(
@@ -119,6 +132,7 @@ class EngineDriver:
         slowdown: Callable[[], float] = lambda: 1.0,
         catch_up_s: float = 0.02,
         lora_enabled: bool = False,
+        kv_events: KVEventSink | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if not time_scale > 0:
@@ -130,6 +144,7 @@ class EngineDriver:
         self._slowdown = slowdown
         self._catch_up_s = catch_up_s
         self._lora_enabled = lora_enabled
+        self._kv_events = kv_events
         self._clock = clock
         self._t0 = clock()
         self._sinks: dict[str, RequestSink] = {}
@@ -199,6 +214,7 @@ class EngineDriver:
 
     async def _loop(self) -> None:
         engine, clock, scale, t0, metrics = self.engine, self._clock, self.time_scale, self._t0, self._metrics
+        kv_sink = self._kv_events
         due: float | None = None  # wall deadline of the previous step, while work remained
         end = 0.0  # simulated end of the previous step
         while True:
@@ -226,6 +242,7 @@ class EngineDriver:
                     async with asyncio.timeout(_IDLE_POLL_S):
                         await self._wake.wait()
                 continue
+            kv_events = engine.take_kv_events() if kv_sink is not None else None
             duration = result.duration * self._slowdown()
             end = now + duration
             due = t0 + end * scale
@@ -240,6 +257,8 @@ class EngineDriver:
             if not slept:
                 await asyncio.sleep(0)  # behind schedule: still let the handlers write
             self._deliver(result, end)
+            if kv_sink is not None and kv_events:
+                kv_sink.publish(kv_events)
 
     def _admit(self, now: float) -> None:
         if self._arrivals:

@@ -93,7 +93,7 @@ class GenerationHandler:
             on_token = lambda token_id: feed(text(token_id))  # noqa: E731
         request = EngineRequest(request_id=request_id, prompt_token_ids=prompt_ids,
                                 max_tokens=params.max_tokens, adapter=adapter, priority=params.priority,
-                                seed=params.seed or 0)
+                                seed=params.seed or 0, adapter_id=self._models.lora_int_id(adapter))
         try:
             sink = self._driver.submit(request, on_token)
         except EngineFailed:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from simulator import tokenizer
 from simulator.engine import Engine, EngineConfig, EngineStats
@@ -15,6 +15,9 @@ from simulator.server.faults import FaultConfig, FaultState
 from simulator.server.generation import GenerationHandler
 from simulator.server.metrics import ReplicaMetrics
 from simulator.server.sse import PieceCache
+
+if TYPE_CHECKING:
+    from simulator.kv_events.publisher import KVEventPublisher
 
 
 @dataclass(frozen=True)
@@ -56,18 +59,21 @@ class ReplicaConfig:
 class Replica:
     """One replica's parts. Build inside a running event loop, `start()` it, serve `app`, `await stop()`.
 
+    With `kv_events` (a bound publisher, which the replica then owns and closes), the engine records
+    vLLM's KV-cache events and the driver publishes them, one batch per step.
     All parts live on that loop; from another thread, hop onto it (`loop.call_soon_threadsafe`).
     """
 
-    def __init__(self, config: ReplicaConfig) -> None:
+    def __init__(self, config: ReplicaConfig, kv_events: KVEventPublisher | None = None) -> None:
         self.config = config
+        self.kv_events = kv_events
         profile = get_profile(config.profile)
         self.model_name = config.model or profile.model_name
         engine_config = EngineConfig(
             block_size=config.block_size, num_gpu_blocks=config.kv_blocks, max_num_seqs=config.max_num_seqs,
             max_num_batched_tokens=config.max_num_batched_tokens, max_model_len=config.max_model_len,
             enable_prefix_caching=config.enable_prefix_caching, max_loras=config.max_loras,
-            scheduling_policy=config.scheduling_policy,
+            scheduling_policy=config.scheduling_policy, kv_events=kv_events is not None,
         )
         self.engine = engine = Engine(profile, engine_config)
         self.max_model_len = engine.max_model_len
@@ -81,7 +87,7 @@ class Replica:
         )
         self.driver = EngineDriver(engine, self.metrics, time_scale=config.time_scale,
                                    slowdown=lambda: self.faults.config.slowdown,
-                                   lora_enabled=config.max_loras > 0)
+                                   lora_enabled=config.max_loras > 0, kv_events=kv_events)
         self.models = ModelRegistry(self.model_name, self.max_model_len, lora_enabled=config.max_loras > 0,
                                     adapters={name: f"/models/{name}" for name in config.adapters})
         generation = GenerationHandler(engine, self.driver, self.models, self.faults,
@@ -104,10 +110,14 @@ class Replica:
         self.faults.config = FaultConfig()
 
     def start(self) -> None:
+        if self.kv_events is not None:
+            self.kv_events.start()
         self.driver.start()
 
     async def stop(self) -> None:
         await self.driver.stop()
+        if self.kv_events is not None:
+            await self.kv_events.close()
 
 
 def _cache_config_labels(config: ReplicaConfig, num_blocks: int, utilization: float) -> dict[str, str]:

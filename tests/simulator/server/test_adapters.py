@@ -52,3 +52,12 @@ def test_loading_needs_lora() -> None:
     with pytest.raises(ApiError) as info:
         registry(lora=False).load("b", "/b")
     assert info.value.status == 400
+
+
+def test_each_load_gets_the_next_integer_id_as_vllms_lora_int_id() -> None:
+    models = registry()
+    models.load("b", "/models/b")
+    assert [models.lora_int_id(n) for n in (None, "a", "b", "x")] == [None, 1, 2, None]
+    models.unload("a")
+    models.load("a", "/models/a")
+    assert models.lora_int_id("a") == 3  # loaded again: a new id, never a reused one
