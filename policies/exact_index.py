@@ -170,7 +170,7 @@ class ExactIndex:
                 return Stored.UNKEYABLE
             start = found
         extras = None
-        if extra_keys is not None:
+        if extra_keys is not None and extra_keys.count(None) != len(extra_keys):
             extras = [plain_extra(e, lora_name, lora_id) for e in extra_keys]
         keys = chain_keys(pack_tokens(token_ids), block_size, start, extras)
         owners = self._owners
