@@ -25,7 +25,7 @@ from gateway.config import Config
 from gateway.reload import ReloadStep
 from gateway.tokenizers import Tokenizer, tokenizer_for
 from policies.exact_index import ExactIndex
-from policies.exact_keys import pack_tokens, request_keys
+from policies.exact_keys import lazy_request_keys, pack_tokens
 from policies.prefix import TOKEN_ID_BYTES, byte_block_keys, seed_for
 from policies.prefix_index import PrefixIndex
 from policies.prompt_text import batch_prompts, canonical_chat_bytes, canonical_completion_bytes
@@ -211,7 +211,7 @@ class Router:
         most = float(len(info.prefix_keys))
         per_index_block = 1.0 / self.index_block_tokens
         for size, group in groups.items():
-            keys = request_keys(info.token_bytes, size, info.base_model, info.adapter, info.cache_salt)
+            keys = lazy_request_keys(info.token_bytes, size, info.base_model, info.adapter, info.cache_salt)
             for name, blocks in self.exact.index.match(keys, tuple(group)).items():
                 match[name] = min(most, blocks * size * per_index_block)
         return match

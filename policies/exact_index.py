@@ -236,22 +236,23 @@ class ExactIndex:
 
     # -- matching ----------------------------------------------------------------------------------
 
-    def match(self, keys: Sequence[int], replicas: Iterable[str]) -> dict[str, int]:
-        """Leading blocks of `keys` (`exact_keys.request_keys` at these replicas' block size) each of
-        `replicas` holds; sparse, as `PrefixIndex.match`. Walks the keys until no candidate holds one:
-        O(longest match) lookups, whatever the number of replicas."""
+    def match(self, keys: Iterable[int], replicas: Iterable[str]) -> dict[str, int]:
+        """Leading blocks of `keys` (`exact_keys.request_keys` at these replicas' block size, or
+        `lazy_request_keys`) each of `replicas` holds; sparse, as `PrefixIndex.match`. Walks the keys
+        until no candidate holds one: O(longest match) lookups, whatever the number of replicas, and a
+        lazy `keys` is consumed no further."""
         result: dict[str, int] = {}
-        if not keys:
-            return result
         pool = replicas if isinstance(replicas, tuple) else tuple(replicas)
         mask = self._pool_masks.get(pool)
         if mask is None:
             mask = self._pool_mask(pool)
         get = self._owners.get
         names = self._names
-        n = 0
+        n = -1
         for n, key in enumerate(keys):
             held = get(key, 0) & mask
+            if held == mask:  # the usual step: every candidate still in holds this block too
+                continue
             gone = mask & ~held
             while gone:
                 low = gone & -gone
@@ -261,6 +262,8 @@ class ExactIndex:
             mask = held
             if not mask:
                 return result
+        if n < 0:  # no keys
+            return result
         while mask:
             low = mask & -mask
             mask ^= low

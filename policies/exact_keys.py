@@ -23,7 +23,7 @@ extra keys; it is already in the seed, so `plain_extra` takes it off. Pure funct
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import xxhash
@@ -97,3 +97,31 @@ def request_keys(
     if not cache_salt:
         return chain_keys(token_bytes, block_size, seed)
     return chain_keys(token_bytes, block_size, seed, [(cache_salt,)])
+
+
+def lazy_request_keys(
+    token_bytes: bytes, block_size: int, model: str, adapter: str | None, cache_salt: str | None = None
+) -> Iterator[int]:
+    """`request_keys`, hashed as they are consumed, in chunks that double from 4 blocks: a match that
+    stops early (a cold prompt, a short shared prefix) hashes little of a long prompt, and a long
+    match still hashes in C."""
+    if block_size <= 0:
+        raise ValueError(f"block_size must be positive, got {block_size}")
+    size = block_size * TOKEN_ID_BYTES
+    total = len(token_bytes) // size
+    if total == 0:
+        return
+    key = seed_for(model, adapter)
+    start = 0
+    if cache_salt:
+        key = chain_keys(token_bytes[:size], block_size, key, [(cache_salt,)])[0]
+        yield key
+        start = 1
+    chunk = 4
+    while start < total:
+        end = min(total, start + chunk)
+        keys = byte_block_keys(token_bytes[start * size : end * size], size, key)
+        yield from keys
+        key = keys[-1]
+        start = end
+        chunk *= 2

@@ -3,13 +3,21 @@ engine keeps apart (adapters, cache salts)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 from gateway.tokenizers import SimTokenizer
 from policies.exact_index import ExactIndex
-from policies.exact_keys import chain_keys, fold_token_id, pack_tokens, plain_extra, request_keys
+from policies.exact_keys import (
+    chain_keys,
+    fold_token_id,
+    lazy_request_keys,
+    pack_tokens,
+    plain_extra,
+    request_keys,
+)
 from policies.prefix import seed_for
 from simulator import tokenizer as sim_tokenizer
 
@@ -110,3 +118,24 @@ def test_the_simulators_ids_fold_as_the_sim_tokenizer_folds_them() -> None:
     blocks = len(raw) // BS
     index.store("r", None, list(range(blocks)), raw[: blocks * BS], BS)
     assert index.match(request_keys(pack_tokens(folded), BS, "m", None), ("r",)) == {"r": blocks}
+
+
+@pytest.mark.parametrize("blocks", [0, 1, 3, 4, 5, 12, 13, 100])
+@pytest.mark.parametrize("salt", [None, "s"])
+def test_lazy_keys_are_the_same_keys(blocks: int, salt: str | None) -> None:
+    packed = pack_tokens(tokens(blocks * BS + 1))
+    assert tuple(lazy_request_keys(packed, BS, "m", "ad", salt)) == request_keys(packed, BS, "m", "ad", salt)
+
+
+def test_a_match_that_stops_early_hashes_no_further() -> None:
+    ids = tokens(2 * BS)
+    index = held(ids)
+    consumed = []
+
+    def keys() -> Iterator[int]:
+        for k in lazy_request_keys(pack_tokens([*ids, *tokens(50 * BS, start=900)]), BS, "m", None):
+            consumed.append(k)
+            yield k
+
+    assert index.match(keys(), ("r",)) == {"r": 2}
+    assert len(consumed) == 3  # the two held and the first one nobody holds
