@@ -58,6 +58,7 @@ class Subscriber:
         self.subscriptions = 0  # SUB sockets opened (1 + resubscriptions)
         self._dealer: zmq.asyncio.Socket | None = None
         self._replay_deadline = 0.0
+        self._subscribed_at = 0.0
 
     async def run(self) -> None:
         while True:
@@ -75,6 +76,7 @@ class Subscriber:
         sub.setsockopt(zmq.SUBSCRIBE, self.feed.topic.encode("utf-8"))
         sub.connect(self.endpoint)
         self.subscriptions += 1
+        self._subscribed_at = self.clock()
         poller = zmq.asyncio.Poller()
         poller.register(sub, zmq.POLLIN)
         try:
@@ -98,9 +100,12 @@ class Subscriber:
                         log.warning("replica %s: KV-event replay got no end in time", self.feed.name)
                     self.feed.on_replay_failed()
                     self._close_dealer(poller)
-                if not ready and self.feed.freshness.stale(now):
+                if (
+                    not ready
+                    and self.feed.freshness.stale(now)
+                    and now - self._subscribed_at > self.feed.freshness.stale_after_s
+                ):  # at most one resubscription per stale period; stale (approximate) until heard
                     log.info("replica %s: KV events stale while it serves; resubscribing", self.feed.name)
-                    self.feed.freshness.heard(now)  # one resubscription per stale period
                     return
         finally:
             self._close_dealer(poller)

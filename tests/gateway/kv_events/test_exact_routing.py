@@ -91,5 +91,6 @@ async def test_a_replica_whose_events_stop_while_it_works_falls_back_to_the_appr
             await wait_for(lambda: kv.mode("r0", time.monotonic()) == "approximate")
             assert await mode(s.client, "r0", "approximate") == 1
             await p0.wait_subscribed()  # kvgate opened its SUB socket again
+            assert kv.mode("r0", time.monotonic()) == "approximate"  # until its events are heard again
             await p0.publish(batch(1, []))
             await wait_for(lambda: kv.mode("r0", time.monotonic()) == "exact")

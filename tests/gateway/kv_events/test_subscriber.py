@@ -183,6 +183,7 @@ async def test_it_resubscribes_when_the_events_go_stale_while_the_replica_works(
         await until(lambda: not feed.exact(time.monotonic()))
         await pub.wait_subscribed()  # a second subscription: the SUB socket was opened again
         assert sub.subscriptions == 2
+        assert not feed.exact(time.monotonic())  # still approximate: nothing heard yet
         await pub.publish(ALL[1].frames)
         await until(settled(feed, 1))
         assert feed.exact(time.monotonic())
