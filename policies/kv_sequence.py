@@ -23,12 +23,19 @@ batch is past the one asked for (the publisher's buffer has moved on), that ends
 held batches, or that fails (`replay_ended(False)`: a timeout, no answer) loses the missing batches:
 `Reset(False)` and carry on from what there is.
 
+A connection that dropped and came back (`reconnected`) may lead to another process on the same
+address: a restarted engine whose first batches were missed, now numbering exactly where the old one
+stopped, would pass for a continuation. So after a reconnection the tracker asks the replay socket
+for the last batch it applied (`expected - 1`) and compares it with the one it kept (`same`): the
+same batch means the same engine, and only what was missed meanwhile is applied; another batch (or
+none) means another engine, whose picture starts over (with its sequence 0: complete at once).
+
 Pure logic: no sockets, no clock. Counters are plain ints the caller reads for metrics.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
@@ -55,11 +62,18 @@ Step = Apply[T] | Reset | Replay
 
 class SequenceTracker(Generic[T]):
     """One replica's stream. `can_replay`: a replay socket is configured. At most `max_held` live
-    batches wait for a replay; one more ends the replay as failed."""
+    batches wait for a replay; one more ends the replay as failed. `same(a, b)`: whether two batches
+    are the same batch (their payloads), to recognise the engine after a reconnection."""
 
-    def __init__(self, can_replay: bool, max_held: int = 10_000) -> None:
+    def __init__(
+        self, can_replay: bool, max_held: int = 10_000, same: Callable[[T, T], bool] | None = None
+    ) -> None:
         self.can_replay = can_replay
         self.max_held = max_held
+        self._same = same if same is not None else (lambda a, b: a == b)
+        self._last: T | None = None  # the last batch applied
+        self._zero: T | None = None  # the last batch applied with sequence 0 (an engine's first)
+        self._verifying = False  # the replay in flight starts with the last batch applied
         self.expected: int | None = None  # the next sequence to apply; None before the first batch
         self.replay_start: int | None = None  # set while a replay is in flight
         self._held: list[tuple[int, T]] = []
@@ -71,6 +85,7 @@ class SequenceTracker(Generic[T]):
         self.replays_filled = 0  # ... that brought every missing batch
         self.losses = 0  # times batches were lost for good (Reset(False))
         self.skipped = 0  # replayed or held batches already applied
+        self.reconnects = 0  # connections that came back (each verified by a replay)
 
     @property
     def replaying(self) -> bool:
@@ -100,10 +115,33 @@ class SequenceTracker(Generic[T]):
         self.gaps += 1
         return self._ask(expected, seq, item, lost=True)
 
+    def reconnected(self) -> list[Step[T]]:
+        """The connection to the publisher dropped and is back: check it is the same engine."""
+        self.reconnects += 1
+        if not self.can_replay or self.expected is None or self.expected == 0 or self.replaying:
+            return []  # nothing to compare with (or a replay in flight will tell)
+        self.replays += 1
+        self.expected -= 1
+        self.replay_start = self.expected
+        self._verifying = True
+        return [Replay(self.expected)]
+
     def replayed(self, seq: int, item: T) -> list[Step[T]]:
         """A batch from the replay socket (ignored when no replay is in flight)."""
         if self.replay_start is None or self.expected is None:
             return []
+        if self._verifying:
+            self._verifying = False
+            if seq == self.expected and self._last is not None and self._same(item, self._last):
+                self.expected += 1  # the same engine: carry on after the batch we had
+                return []
+            self.restarts += 1  # another engine on the address (or the batch is gone: cannot tell)
+            if seq == 0:
+                return self._apply(0, item)
+            self.losses += 1
+            self.expected = seq + 1
+            self._replay_lost = True
+            return [Reset(complete=False), Apply(item)]
         if seq < self.expected:
             self.skipped += 1
             return []
@@ -117,8 +155,19 @@ class SequenceTracker(Generic[T]):
         if self.replay_start is None:
             return []
         self.replay_start = None
+        if self._verifying:  # not even the batch we had came back: another engine; start over
+            self._verifying = False
+            self._replay_lost = False
+            self.restarts += 1
+            self.losses += 1
+            self.expected = None
+            held, self._held = self._held, []
+            steps: list[Step[T]] = [Reset(complete=False)]
+            for seq, item in held:
+                steps += self.live(seq, item)
+            return steps
         held, self._held = self._held, []
-        steps: list[Step[T]] = []
+        steps = []
         filled = ok and not self._replay_lost
         self._replay_lost = False
         for seq, item in held:
@@ -129,8 +178,8 @@ class SequenceTracker(Generic[T]):
             elif seq > expected:
                 filled = False
                 steps += self._lose_up_to(seq, item)
-            elif seq == 0:  # a restart while we waited for the replay
-                self.restarts += 1
+            elif seq == 0 and not (self._zero is not None and self._same(item, self._zero)):
+                self.restarts += 1  # a restart while we waited for the replay
                 steps += self._apply(0, item)
             else:
                 self.skipped += 1
@@ -142,7 +191,9 @@ class SequenceTracker(Generic[T]):
 
     def _apply(self, seq: int, item: T) -> list[Step[T]]:
         self.expected = seq + 1
+        self._last = item
         if seq == 0:
+            self._zero = item
             return [Reset(complete=True), Apply(item)]
         return [Apply(item)]
 

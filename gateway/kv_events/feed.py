@@ -45,7 +45,7 @@ class ReplicaFeed:
         self.name = name
         self.index = index
         self.topic = topic
-        self.tracker: SequenceTracker[EventBatch] = SequenceTracker(can_replay)
+        self.tracker: SequenceTracker[EventBatch] = SequenceTracker(can_replay, same=_same_batch)
         self.freshness = EventFreshness(stale_after_s)
         # Counters (monotonic), for /metrics.
         self.batches = 0  # batches applied
@@ -88,6 +88,11 @@ class ReplicaFeed:
         batch = EventBatch(topic="", seq=seq, ts=ts, events=events, dp_rank=rank)
         self._run(self.tracker.replayed(seq, batch))
         return False
+
+    def on_reconnected(self) -> int | None:
+        """The SUB's connection dropped and is back (maybe to a restarted engine): returns the replay
+        start that checks which (`SequenceTracker.reconnected`), or None."""
+        return self._run(self.tracker.reconnected())
 
     def on_replay_failed(self) -> None:
         """The replay did not end in time (or its socket failed): the missing batches are lost."""
@@ -150,3 +155,8 @@ class ReplicaFeed:
                 self.unknown_removed += index.remove(name, event.block_hashes)
             elif isinstance(event, AllBlocksCleared):
                 index.reset(name, complete=True)
+
+
+def _same_batch(a: EventBatch, b: EventBatch) -> bool:
+    """One batch, live or replayed (a replayed one has no topic frame)."""
+    return a.seq == b.seq and a.ts == b.ts and a.events == b.events

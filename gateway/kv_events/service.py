@@ -239,8 +239,10 @@ class KvEvents:
              lambda f: f.tracker.replays_filled),
             ("kvgate_kv_event_losses", "Times batches were lost for good (the exact index started over).",
              lambda f: f.tracker.losses),
-            ("kvgate_kv_event_restarts", "Sequence back to an earlier number: a new engine process.",
-             lambda f: f.tracker.restarts),
+            ("kvgate_kv_event_restarts", "A new engine process on the replica's address (its sequence went "
+             "back, or a reconnection found other batches).", lambda f: f.tracker.restarts),
+            ("kvgate_kv_event_reconnects", "Connections to the publisher that dropped and came back.",
+             lambda f: f.tracker.reconnects),
             ("kvgate_kv_event_unkeyable_blocks", "Blocks stored under a parent the exact index did not hold.",
              lambda f: f.unkeyable),
             ("kvgate_kv_event_overflows", "Exact index resets: more blocks than the engine holds.",

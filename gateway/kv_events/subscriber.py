@@ -7,11 +7,14 @@ payload]` for every buffered batch from there on and then `[b"", -1, b""]`. A RE
 answer per request, so kvgate uses a DEALER (which sends and receives the delimiter itself), a new
 one per replay so that a late answer to an abandoned replay can never be taken for the next.
 
-ZeroMQ reconnects a SUB by itself when the publisher restarts (the feed sees the sequence go back to
-0); ZMTP heartbeats find a peer that vanished without closing. When the events go stale while the
-replica works (`ReplicaFeed.exact`), the SUB is closed and opened again: a resubscription, in case
-the connection is half-open in a way heartbeats missed. All of it runs as one task per replica on
-the gateway's event loop; every frame goes to the feed, which does no I/O.
+ZeroMQ reconnects a SUB by itself when the publisher restarts; ZMTP heartbeats find a peer that
+vanished without closing. A socket monitor tells the subscriber when the connection came back, and
+the feed then checks with a replay whether it is the same engine (policies/kv_sequence.py): a
+restarted one whose first batches were lost in the reconnection is caught even if it numbers on from
+where the old one stopped, and even if it publishes nothing more for a while. When the events go
+stale while the replica works (`ReplicaFeed.exact`), the SUB is closed and opened again: a
+resubscription, in case the connection is half-open in a way heartbeats missed. All of it runs as
+one task per replica on the gateway's event loop; every frame goes to the feed, which does no I/O.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from typing import Any
 
 import zmq
 import zmq.asyncio
+from zmq.utils.monitor import parse_monitor_message
 
 from gateway.kv_events.feed import ReplicaFeed
 from gateway.kv_events.wire import encode_seq
@@ -56,6 +60,7 @@ class Subscriber:
         self.replay_timeout_s = replay_timeout_s
         self.clock = clock
         self.subscriptions = 0  # SUB sockets opened (1 + resubscriptions)
+        self.reconnects = 0  # connections that dropped and came back
         self._dealer: zmq.asyncio.Socket | None = None
         self._replay_deadline = 0.0
         self._subscribed_at = 0.0
@@ -77,12 +82,25 @@ class Subscriber:
         sub.connect(self.endpoint)
         self.subscriptions += 1
         self._subscribed_at = self.clock()
+        monitor: Any = sub.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
         poller = zmq.asyncio.Poller()
         poller.register(sub, zmq.POLLIN)
+        poller.register(monitor, zmq.POLLIN)
+        dropped = False  # the connection went down since it was last up
         try:
             while True:
                 ready = dict(await poller.poll(_TICK_S * 1000))
                 now = self.clock()
+                if monitor in ready:
+                    event = parse_monitor_message(await monitor.recv_multipart())["event"]
+                    if event == zmq.EVENT_DISCONNECTED:
+                        dropped = True
+                    elif event == zmq.EVENT_CONNECTED and dropped:
+                        dropped = False
+                        self.reconnects += 1
+                        start = self.feed.on_reconnected()
+                        if start is not None:
+                            self._ask_replay(poller, start, now)
                 if sub in ready:
                     start = self.feed.on_live(await sub.recv_multipart(), now)
                     if start is not None:
@@ -109,6 +127,8 @@ class Subscriber:
                     return
         finally:
             self._close_dealer(poller)
+            sub.disable_monitor()
+            monitor.close(linger=0)
             sub.close(linger=0)
 
     def _ask_replay(self, poller: zmq.asyncio.Poller, start: int, now: float) -> None:

@@ -50,10 +50,16 @@ async def stack(
     per_replica: Mapping[str, Mapping[str, Any]] | None = None,
     **fleet_kw: Any,
 ) -> AsyncIterator[Stack]:
-    """`per_replica`: extra settings of the replica entries, by name (r0, r1, ...)."""
+    """`per_replica`: extra settings of the replica entries, by name (r0, r1, ...). A fleet started
+    with `kv_events_port` has each replica's KV-event endpoints in its entry."""
     fleet_kw.setdefault("profile", "tiny")
-    extra = per_replica or {}
     async with SimFleet(replicas=replicas, **fleet_kw) as fleet:
+        extra = {
+            f"r{i}": {"kv_events": e.pub, "kv_events_replay": e.replay}
+            for i, e in enumerate(fleet.kv_event_endpoints)
+        }
+        for name, settings in (per_replica or {}).items():
+            extra[name] = {**extra.get(name, {}), **settings}
         model = fleet_kw.get("model") or MODEL
         base = {
             "replicas": [

@@ -106,8 +106,8 @@ def test_a_restart_while_a_replay_is_pending() -> None:
     t = tracker()
     live(t, 0, 1)
     live(t, 5)
-    live(t, 0)  # the engine restarted meanwhile
-    assert replay(t, 2, 3, 4, 5) == [*a(2, 3, 4, 5), FRESH, *a(0)]
+    t.live(0, "new-b0")  # the engine restarted meanwhile
+    assert replay(t, 2, 3, 4, 5) == [*a(2, 3, 4, 5), FRESH, Apply("new-b0")]
     assert t.restarts == 1 and t.expected == 1
 
 
@@ -118,3 +118,58 @@ def test_too_many_held_batches_end_the_replay_as_failed() -> None:
     assert live(t, 5) == [LOST, *a(3, 4, 5)]
     assert not t.replaying
     assert t.replayed(1, "late") == [] and t.replay_ended(True) == []  # a late answer is ignored
+
+
+def test_after_a_reconnection_the_same_engine_is_recognised_and_nothing_is_lost() -> None:
+    t = tracker()
+    live(t, 0, 1, 2)
+    assert t.reconnected() == [Replay(2)]  # the last batch applied, to compare
+    assert live(t, 4) == []  # held meanwhile
+    assert replay(t, 2, 3, 4) == a(3, 4)  # 2 is the batch it had: same engine; 3 was missed
+    assert t.restarts == 0 and t.losses == 0 and t.reconnects == 1 and t.in_order
+
+
+def test_after_a_reconnection_another_engine_numbering_on_from_the_same_place_is_caught() -> None:
+    t: SequenceTracker[str] = SequenceTracker(True, same=lambda x, y: x == y)
+    live(t, 0, 1)  # the old engine's 0 and 1
+    t.reconnected()
+    # A restarted engine whose batch 0 was missed: its 1 would look like a continuation.
+    assert t.replayed(1, "new-b1") == [LOST, Apply("new-b1")]
+    assert t.replay_ended(True) == []
+    assert t.restarts == 1 and t.in_order and t.expected == 2
+
+
+def test_after_a_reconnection_a_new_engine_replayed_from_zero_is_complete_at_once() -> None:
+    t = tracker()
+    live(t, 0)
+    assert t.reconnected() == [Replay(0)]
+    assert t.replayed(0, "new-b0") == [FRESH, Apply("new-b0")]
+    assert replay(t, 1) == a(1)
+    assert t.restarts == 1
+
+
+def test_after_a_reconnection_a_replay_that_brings_nothing_starts_over() -> None:
+    t = tracker()
+    live(t, 0, 1, 2)
+    t.reconnected()
+    live(t, 5)
+    assert t.replay_ended(False) == [LOST, Replay(0)]  # the held 5 asks for the new engine's history
+    assert replay(t, 0, 1, 2, 3, 4, 5) == [FRESH, *a(0, 1, 2, 3, 4, 5)]
+
+
+def test_a_reconnection_before_any_batch_or_without_a_replay_socket_changes_nothing() -> None:
+    assert tracker().reconnected() == []
+    t = tracker(can_replay=False)
+    live(t, 0)
+    assert t.reconnected() == [] and live(t, 1) == a(1)
+
+
+def test_a_new_engines_first_batch_both_held_and_replayed_is_applied_once() -> None:
+    t: SequenceTracker[str] = SequenceTracker(True, same=lambda x, y: x == y)
+    live(t, 0, 1, 2)
+    t.reconnected()
+    assert t.live(0, "new-b0") == []  # the new engine's first batch arrives live, held
+    assert t.replayed(0, "new-b0") == [FRESH, Apply("new-b0")]  # and again from its replay buffer
+    assert t.replayed(1, "new-b1") == [Apply("new-b1")]
+    assert t.replay_ended(True) == []  # the held copy of 0 is the batch already applied
+    assert t.restarts == 1 and t.expected == 2
