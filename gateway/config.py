@@ -24,6 +24,7 @@ from gateway.config_tenancy import (
     check_key_hash,
     unique_quota_names,
 )
+from gateway.kv_events.address import parse_tcp_endpoint
 from gateway.upstream.address import parse_replica_url
 
 
@@ -100,6 +101,16 @@ class ReplicaCredential(_Strict):
         return self.api_key_env is not None or self.api_key_file is not None
 
 
+class KvEventsConfig(_Strict):
+    """Where a pool's replicas publish their KV-cache events (vLLM's `--kv-events-config`): kvgate
+    subscribes at `tcp://<the replica's host>:port` and asks `replay_port` for batches it missed. For
+    replicas without their own `kv_events` (discovered ones, mostly)."""
+
+    port: int = Field(ge=1, le=65535)
+    replay_port: int | None = Field(None, ge=1, le=65535)  # none: missed batches are lost for good
+    topic: str = ""  # vLLM's default; kvgate subscribes to this prefix of the topic frame
+
+
 class ModelConfig(ReplicaCredential):
     """Per-pool settings. A pool is named by its base model, as the replicas serve it. The credential
     fields (`api_key_env`, `api_key_file`) apply to every replica of the pool."""
@@ -112,6 +123,8 @@ class ModelConfig(ReplicaCredential):
     adapters: dict[str, str] = Field(default_factory=dict)
     max_adapters_per_replica: int | None = Field(None, ge=1)  # past it, least recently used unloaded
     adapter_load_timeout_s: float = Field(30.0, gt=0, allow_inf_nan=False)  # a request waits this long
+    # The replicas' KV-cache event sockets, for the exact prefix index (gateway/kv_events/).
+    kv_events: KvEventsConfig | None = None
 
     @field_validator("adapters")
     @classmethod
@@ -127,12 +140,29 @@ class ReplicaConfig(ReplicaCredential):
     model: str = Field(min_length=1)  # the pool: base model this replica serves
     name: str | None = None  # defaults to the URL without its scheme: host:port[/prefix]
     labels: dict[str, str] = Field(default_factory=dict)
+    # vLLM's KV-cache event sockets as kvgate reaches them (tcp://host:port): the PUB `endpoint` and
+    # the ROUTER `replay_endpoint` of its --kv-events-config. They replace the pool's `kv_events`.
+    kv_events: str | None = None
+    kv_events_replay: str | None = None
 
     @field_validator("url")
     @classmethod
     def _replica_url(cls, v: str) -> str:
         parse_replica_url(v)  # the upstream client's own rules; ValueError says what is wrong
         return v.rstrip("/")
+
+    @field_validator("kv_events", "kv_events_replay")
+    @classmethod
+    def _kv_endpoint(cls, v: str | None) -> str | None:
+        if v is not None:
+            parse_tcp_endpoint(v)
+        return v
+
+    @model_validator(mode="after")
+    def _replay_needs_events(self) -> ReplicaConfig:
+        if self.kv_events_replay is not None and self.kv_events is None:
+            raise ValueError("kv_events_replay: needs kv_events (the socket whose batches it replays)")
+        return self
 
     @property
     def display_name(self) -> str:
@@ -194,6 +224,11 @@ class ProfileConfig(_Strict):
 class PrefixIndexConfig(_Strict):
     block_tokens: int = Field(64, ge=1)  # index block; a multiple of the engine's saves memory
     default_capacity_tokens: int = Field(400_000, ge=1)  # until cache_config_info is scraped
+    # The exact index (replicas with `kv_events`): a replica whose events stay silent this long after
+    # a request was sent to it is routed on the approximate index until they resume; a replay that
+    # has not ended after replay_timeout_s counts as failed (the missed batches are lost).
+    events_stale_after_s: float = Field(10.0, gt=0, allow_inf_nan=False)
+    replay_timeout_s: float = Field(2.0, gt=0, allow_inf_nan=False)
 
 
 class SchedulingConfig(_Strict):

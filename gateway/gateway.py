@@ -24,6 +24,7 @@ from gateway.drain import Drain
 from gateway.fleet.scraper import FleetScraper, build_client
 from gateway.fleet.state import FleetChange, FleetState
 from gateway.forwarder import Forwarder, Timeouts
+from gateway.kv_events.service import KvEvents
 from gateway.metrics import GatewayMetrics, gauge_family
 from gateway.model_routes import ModelRoutes
 from gateway.reload import ConfigReloader, Reconfigurable
@@ -60,6 +61,9 @@ class Gateway:
         # The membership API beside the static list: discovery sources, and a reload, go through it.
         self.discovery = Discovery(config.discovery, self.fleet, config.replicas, clock)
         self.router = Router(config, self.rng)
+        # vLLM's KV-cache events, where replicas publish them: the exact prefix index (issue #13).
+        self.kv_events = KvEvents(config, self.fleet, clock)
+        self.router.exact = self.kv_events
         self.tenancy = Tenancy(config, self.fleet, self.metrics, clock, wall_clock)
         # A/B routing: routes, their runtime weights, adapter placement, shadow copies (issue #12).
         self.model_routes = ModelRoutes(config, self.fleet, self.router, self.metrics, self.rng, clock)
@@ -68,6 +72,7 @@ class Gateway:
         self.request_ids = RequestIds()
         self.access_log = AccessLog(config.server.access_log)
         self.metrics.add_callback(self.discovery.collect)
+        self.metrics.add_callback(self.kv_events.collect)
         self.drain = Drain()  # SIGTERM: gateway/drain.py
         self.reloader = ConfigReloader(self.snapshot, self.reload_components(), self._publish, config_file)
         self.metrics.add_callback(self.reloader.collect)
@@ -99,6 +104,7 @@ class Gateway:
             ("scheduling", self.router),
             ("routes", self.model_routes),  # back to the file's weights; runtime overrides dropped
             ("discovery", self.discovery),
+            ("kv events", self.kv_events),  # after discovery: its settle reads the new static list
         ]
 
     def _publish(self, snapshot: ConfigSnapshot) -> None:
@@ -147,6 +153,7 @@ class Gateway:
         )
         await self._scraper.start()
         await self.discovery.start()
+        await self.kv_events.start()
         await self.tenancy.start()
         await self.model_routes.start(self._pool, self._forwarder, self.tenancy.admission, self.credentials)
         if self._watch is not None:
@@ -156,6 +163,7 @@ class Gateway:
         if self._watch is not None:
             await self._watch.stop()
         await self.model_routes.stop()
+        await self.kv_events.stop()
         await self.discovery.stop()
         await self.tenancy.stop()
         if self._scraper is not None:

@@ -184,6 +184,8 @@ class ProxyEndpoint:
             prompt_tokens_exact=facts.exact,
             route=res.route,
             target=res.target,
+            token_bytes=facts.token_bytes,
+            cache_salt=facts.cache_salt,
         )
 
     async def _route_and_forward(

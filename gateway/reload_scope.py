@@ -26,8 +26,9 @@ HOT: Mapping[str, str] = {
     "server.drain_timeout_s": "read when a drain begins",
     "server.watch_config": "read by the config watch at each look",
     "server.watch_config_interval_s": "read by the config watch at each look",
-    "models": "replica credentials, tokenizers (a new tokenizer re-keys the pool's prefix picture)",
-    "replicas": "discovery (the static list)",
+    "models": "replica credentials, tokenizers (a new tokenizer re-keys the pool's prefix picture), KV-event "
+    "endpoints (a replica whose endpoints change is subscribed anew: its exact picture starts over)",
+    "replicas": "discovery (the static list), KV-event endpoints",
     "discovery": "discovery (sources restarted when their settings change)",
     "scheduling.profile": "router",
     "scheduling.profiles": "router",
@@ -58,7 +59,8 @@ RESTART_ONLY: Mapping[str, str] = {
     "upstream": "the upstream connection pools and the forwarder are built at start",
     "fleet": "the scraper and the fleet state are built at start",
     "simulator": "the simulated fleet was started with it",
-    "scheduling.prefix_index": "the prefix index keeps its blocks across a reload",
+    "scheduling.prefix_index": "the prefix indexes keep their blocks across a reload; the KV-event "
+    "subscribers are built with its timeouts",
     "scheduling.seed": "the random source is seeded at start",
     "state": "the rate-limit store is built with it at start",
     "ledger": "the usage ledger and its store are built at start",

@@ -2,22 +2,31 @@
 
 The I/O-free work of `policies/` glued to the gateway's live state (fleet snapshot, prefix index,
 session map). Runs on the request path: everything that can be built once is built in `__init__`.
+
+Two prefix indexes, per replica. The approximate one (`PrefixIndex`) learns from kvgate's own
+dispatches and answers for every replica. A replica whose KV events are in exact mode (`exact`,
+gateway/kv_events/) is matched on the exact index instead, when the pool has a tokenizer: the
+request's tokens cut at that engine's block size and keyed as its events are, so a mixed fleet is
+scored replica by replica on the best picture kvgate has of each. Exact counts are engine blocks,
+converted to index blocks (tokens / `index_block_tokens`) so one scorer compares both.
 """
 
 from __future__ import annotations
 
 import random
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import orjson
 
 from gateway.config import Config
 from gateway.reload import ReloadStep
 from gateway.tokenizers import Tokenizer, tokenizer_for
-from policies.prefix import byte_block_keys, seed_for, token_block_keys
+from policies.exact_index import ExactIndex
+from policies.exact_keys import lazy_request_keys, pack_tokens
+from policies.prefix import TOKEN_ID_BYTES, byte_block_keys, seed_for
 from policies.prefix_index import PrefixIndex
 from policies.prompt_text import batch_prompts, canonical_chat_bytes, canonical_completion_bytes
 from policies.scheduling.builtin_profiles import BUILTIN_PROFILE_NAMES, builtin_profile_spec
@@ -37,12 +46,25 @@ class PromptFacts:
     prompt_tokens: int
     exact: bool
     prefix_keys: tuple[int, ...]
+    token_bytes: bytes = b""  # the (first) prompt's token ids, packed; b"" without a tokenizer
+    cache_salt: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class Routed:
     decision: Decision
-    match: Mapping[str, int]  # leading index blocks each candidate was believed to hold
+    match: Mapping[str, float]  # leading index blocks each candidate was believed to hold
+
+
+class ExactSource(Protocol):
+    """What routing needs of the KV-event side (gateway/kv_events/service.py `KvEvents`)."""
+
+    @property
+    def index(self) -> ExactIndex: ...
+
+    def exact_block_sizes(self, names: Iterable[str], now: float) -> dict[str, int]: ...
+
+    def dispatched(self, replica: str) -> None: ...
 
 
 def profile_specs(config: Config) -> dict[str, Mapping[str, Any]]:
@@ -82,6 +104,7 @@ class Router:
         self._tokenizers: dict[str, Tokenizer | None] = {
             m.name: tokenizer_for(m.tokenizer) for m in config.models
         }
+        self.exact: ExactSource | None = None  # set by the Gateway when replicas publish KV events
 
     def prepare(self, old: Config, new: Config) -> ReloadStep:
         """Reload (gateway/reload.py): the profiles and the active one, the pools' tokenizers. The
@@ -130,8 +153,10 @@ class Router:
             tokens = len(ids)
             if batch is not None:
                 tokens += sum(len(tok.encode_prompt(p)) for p in batch[1:])
-            keys = token_block_keys(ids, self.index_block_tokens, seed)
-            return PromptFacts(tokens, True, keys)
+            packed = pack_tokens(ids)
+            keys = byte_block_keys(packed, self.index_block_tokens * TOKEN_ID_BYTES, seed)
+            salt = body.get("cache_salt")
+            return PromptFacts(tokens, True, keys, packed, salt if isinstance(salt, str) and salt else None)
         if endpoint == "chat":
             data = canonical_chat_bytes(body["messages"])
             tokens = estimate_tokens(len(data))
@@ -153,7 +178,9 @@ class Router:
     def decide(self, info: RequestInfo, snapshot: FleetSnapshot, now: float) -> Routed:
         candidates = snapshot.pool(info.base_model)
         names = [r.name for r in candidates]
-        match = self.index.match(info.prefix_keys, names) if info.prefix_keys else {}
+        match: Mapping[str, float] = self.index.match(info.prefix_keys, names) if info.prefix_keys else {}
+        if self.exact is not None and info.token_bytes and info.prefix_keys:
+            match = self._exact_match(info, names, match, now)
         self._sequence += 1
         session_replica = self._sessions.get(info.session_id) if info.session_id else None
         ctx = SchedulingContext(
@@ -168,8 +195,31 @@ class Router:
         )
         return Routed(self.profile.schedule(ctx, candidates, self._rng), match)
 
+    def _exact_match(
+        self, info: RequestInfo, names: list[str], approx: Mapping[str, float], now: float
+    ) -> Mapping[str, float]:
+        """`approx` with the replicas in exact mode matched on the exact index instead."""
+        assert self.exact is not None
+        sizes = self.exact.exact_block_sizes(names, now)
+        if not sizes:
+            return approx
+        match = dict(approx)
+        groups: dict[int, list[str]] = {}
+        for name, size in sizes.items():
+            groups.setdefault(size, []).append(name)
+            match.pop(name, None)
+        most = float(len(info.prefix_keys))
+        per_index_block = 1.0 / self.index_block_tokens
+        for size, group in groups.items():
+            keys = lazy_request_keys(info.token_bytes, size, info.base_model, info.adapter, info.cache_salt)
+            for name, blocks in self.exact.index.match(keys, tuple(group)).items():
+                match[name] = min(most, blocks * size * per_index_block)
+        return match
+
     def dispatched(self, info: RequestInfo, replica: str) -> None:
         """Record that `replica` now holds this prompt's blocks (and this session)."""
+        if self.exact is not None:
+            self.exact.dispatched(replica)
         if info.prefix_keys:
             self.index.record(replica, info.prefix_keys)
         if info.session_id:

@@ -152,6 +152,7 @@ class ShadowSender:
             primary, model=m.requested, base_model=m.pool, adapter=m.adapter,
             prompt_tokens=facts.prompt_tokens, prefix_keys=facts.prefix_keys,
             prompt_tokens_exact=facts.exact, session_id=None, route=m.route, target=m.target,
+            token_bytes=facts.token_bytes, cache_salt=facts.cache_salt,
         )  # fmt: skip
         decision = self._router.decide(info, self._fleet.snapshot(), self._clock()).decision
         if not decision.ranked:

@@ -128,6 +128,9 @@ class RequestInfo:
     `max_tokens` is the output cap the reservation uses for the whole request: the per-completion cap
     (already defaulted by tenant policy) x `n` x the prompts of a completions batch.
     `prefix_keys` are the chained block keys of the canonical prompt (see `policies.prefix`).
+    `token_bytes` is the prompt's token ids packed 4 bytes each (`policies.exact_keys.pack_tokens`)
+    when a tokenizer counted them, b"" otherwise; with `cache_salt` (the request's own, if any) it is
+    what the exact index matches, at each engine's block size.
     `route` is the route the client named (None: it named a model) and `target` the canonical name
     of what serves it (`base` or `base:adapter`; "" until resolved), for whoever records the request.
     """
@@ -145,6 +148,8 @@ class RequestInfo:
     prompt_tokens_exact: bool = False
     route: str | None = None
     target: str = ""
+    token_bytes: bytes = b""
+    cache_salt: str | None = None
 
     @property
     def reserved_tokens(self) -> int:

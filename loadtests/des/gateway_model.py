@@ -217,7 +217,7 @@ class GatewayModel:
         tokens = info.reserved_tokens
         self.fleet.dispatched(winner, tokens)
         self.router.dispatched(info, winner)
-        return Routed(self._index_of[winner], info, tokens, routed.match.get(winner, 0))
+        return Routed(self._index_of[winner], info, tokens, int(routed.match.get(winner, 0)))
 
     def finished(self, routed: Routed) -> None:
         """The response of `routed` ended (whatever the outcome): in-flight - 1."""

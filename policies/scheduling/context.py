@@ -13,8 +13,9 @@ class SchedulingContext:
     """The request and everything the gateway looked up for it, frozen for one decision.
 
     - `now`: the gateway's monotonic clock, seconds (compared with `ReplicaState.scraped_at`).
-    - `prefix_match`: replica name -> leading prefix blocks it is believed to hold, as returned by
-      `PrefixIndex.match`; a replica missing from it holds none.
+    - `prefix_match`: replica name -> leading prefix blocks it is believed to hold, in index blocks:
+      `PrefixIndex.match`'s count, or for a replica on the exact index its engine blocks converted
+      (possibly fractional); a replica missing from it holds none.
     - `prefix_blocks`: `len(request.prefix_keys)`, the denominator of the prefix-affinity share.
     - `session_replica`: the replica that served this session's previous request, if any.
     - `sequence`: a per-gateway request counter, so a stateless round-robin picker can rotate.
@@ -24,7 +25,7 @@ class SchedulingContext:
 
     request: RequestInfo
     now: float
-    prefix_match: Mapping[str, int]
+    prefix_match: Mapping[str, float]
     prefix_blocks: int
     session_replica: str | None = None
     sequence: int = 0

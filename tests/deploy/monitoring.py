@@ -23,11 +23,7 @@ ALERT_TESTS = ROOT / "deploy" / "prometheus" / "kvgate-alerts.test.yaml"
 # Metric names the dashboard and the rules use before kvgate exports them: features being built
 # alongside. Keep this tiny; the live test fails once kvgate exports one of them, so it
 # is taken off here at once (and from then on checked like any other name).
-FUTURE_METRICS: dict[str, str] = {
-    # Per replica, 1 = the prefix index is exact (fed by the replica's KV events), 0 = approximate
-    # (from routed requests). Panel "Prefix index mode".
-    "kvgate_prefix_index_mode": "prefix index mode per replica (exact from KV events / approximate)",
-}
+FUTURE_METRICS: dict[str, str] = {}
 
 # Grafana's built-in interval variables, as Grafana would fill them for a short range.
 GRAFANA_INTERVALS = {"$__rate_interval": "1m", "$__interval": "15s", "$__range": "1h"}

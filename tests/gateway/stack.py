@@ -47,13 +47,25 @@ async def stack(
     replicas: int = 2,
     config: Mapping[str, Any] | None = None,
     wait_ready: bool = True,
+    per_replica: Mapping[str, Mapping[str, Any]] | None = None,
     **fleet_kw: Any,
 ) -> AsyncIterator[Stack]:
+    """`per_replica`: extra settings of the replica entries, by name (r0, r1, ...). A fleet started
+    with `kv_events_port` has each replica's KV-event endpoints in its entry."""
     fleet_kw.setdefault("profile", "tiny")
     async with SimFleet(replicas=replicas, **fleet_kw) as fleet:
+        extra = {
+            f"r{i}": {"kv_events": e.pub, "kv_events_replay": e.replay}
+            for i, e in enumerate(fleet.kv_event_endpoints)
+        }
+        for name, settings in (per_replica or {}).items():
+            extra[name] = {**extra.get(name, {}), **settings}
         model = fleet_kw.get("model") or MODEL
         base = {
-            "replicas": [{"url": u, "model": model, "name": f"r{i}"} for i, u in enumerate(fleet.urls)],
+            "replicas": [
+                {"url": u, "model": model, "name": f"r{i}", **extra.get(f"r{i}", {})}
+                for i, u in enumerate(fleet.urls)
+            ],
             "fleet": {"scrape_interval_s": 0.05, "health_interval_s": 0.1, "models_poll_interval_s": 0.2},
             # Connecting is fast on loopback, but all of the test runs in one loop on a small machine.
             "upstream": {"connect_timeout_s": 3, "first_byte_timeout_s": 10, "chunk_timeout_s": 5},
