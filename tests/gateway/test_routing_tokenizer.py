@@ -14,6 +14,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gateway.config import parse_config
 from gateway.errors import GatewayError
@@ -46,6 +48,7 @@ def chat(*contents: Any) -> dict[str, Any]:
 
 
 TOK = load_tokenizer_dir(FIXTURE)
+ROUTER = Router(config(), random.Random(1))
 QUESTION = chat(SYSTEM, "What is covered?")
 
 
@@ -132,3 +135,56 @@ def test_a_reload_keeps_the_loaded_tokenizer_when_its_files_did_not_change() -> 
     assert r._tokenizers["m"] is before
     r.prepare(config(), config("none")).commit()
     assert r._tokenizers["m"] is None
+
+
+_json = st.recursive(
+    st.none() | st.booleans() | st.integers(-3, 2**33) | st.text(max_size=5),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner, max_size=3),
+    max_leaves=8,
+)
+_message = st.dictionaries(
+    st.sampled_from(["role", "content", "name", "tool_calls", "tool_call_id", "reasoning", "tools"]),
+    _json | st.sampled_from(["user", "assistant", "tool", "developer"]),
+    max_size=5,
+)
+_options = st.dictionaries(
+    st.sampled_from(["tools", "documents", "chat_template_kwargs", "add_generation_prompt",
+                     "continue_final_message", "reasoning_effort", "add_special_tokens"]),
+    _json,
+    max_size=3,
+)  # fmt: skip
+
+
+@settings(max_examples=400, deadline=None)
+@given(messages=st.lists(_message | _json, max_size=3), options=_options)
+def test_any_json_in_messages_is_counted_or_refused_with_a_400(
+    messages: list[Any], options: dict[str, Any]
+) -> None:
+    # Beyond what the request parser lets through: whatever reaches prompt_facts, it answers with facts
+    # (exact or estimated) or a 400, never another exception.
+    try:
+        facts = ROUTER.prompt_facts("chat", {"messages": messages, **options}, "m", None)
+    except GatewayError as err:
+        assert err.status == 400
+    else:
+        assert facts.prompt_tokens >= 0
+
+
+_ids = st.integers(0, 2**40)
+_prompt = (  # the shapes the request parser lets through (gateway/request_parse.py)
+    st.text(max_size=20)
+    | st.lists(st.text(max_size=8), min_size=1, max_size=3)
+    | st.lists(_ids, min_size=1, max_size=8)
+    | st.lists(st.lists(st.integers(-2, 2**40), min_size=1, max_size=4), min_size=1, max_size=3)
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(prompt=_prompt, options=_options)
+def test_any_parsed_prompt_is_counted_or_refused(prompt: Any, options: dict[str, Any]) -> None:
+    try:
+        facts = ROUTER.prompt_facts("completions", {"prompt": prompt, **options}, "m", None)
+    except GatewayError as err:
+        assert err.status == 400
+    else:
+        assert facts.prompt_tokens >= 0
