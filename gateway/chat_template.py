@@ -43,6 +43,7 @@ _CONTINUE_TAG = "CONTINUE_FINAL_MESSAGE_TAG "  # transformers' marker for contin
 # parameters, which kvgate does not try to reproduce.
 _REFUSED_KWARGS = frozenset({"chat_template", "tokenize"})
 _UNREPRODUCED_KWARGS = frozenset({"messages", "conversation", "tools"})
+_NAMED = frozenset({"add_generation_prompt", "continue_final_message", "documents"})  # always passed
 
 
 class _Generation(jinja2.ext.Extension):
@@ -109,6 +110,10 @@ class ChatTemplate:
         generation_prompt = kwargs.pop("add_generation_prompt", True)
         continue_final = kwargs.pop("continue_final_message", False)
         documents = kwargs.pop("documents", None)
+        if documents is not None and not (
+            isinstance(documents, list) and all(isinstance(d, dict) for d in documents)
+        ):
+            raise PromptNotReproducible("documents is not a list of objects")
         if continue_final and generation_prompt:
             raise PromptRejected("continue_final_message and add_generation_prompt cannot both be true")
         final = self._mark_final_message(chat) if continue_final else ""
@@ -172,9 +177,6 @@ class ChatTemplate:
         final = str(content)
         chat[-1]["content"] = final + _CONTINUE_TAG
         return final
-
-
-_NAMED = frozenset({"add_generation_prompt", "continue_final_message", "documents"})
 
 
 def _cut_after_final(text: str, final: str) -> str:
