@@ -40,8 +40,9 @@ from policies.types import FleetSnapshot, RequestInfo
 
 SESSION_MAP_SIZE = 100_000
 # A prompt with more text than this is tokenized in a worker thread when its tokenizer releases the GIL:
-# ~0.5 ms of encoding at ~4 characters per token, more than the thread hop costs (docs/benchmarks.md).
-OFF_LOOP_CHARS = 4096
+# measured 0.55-0.72 us of CPU per character for template, encoding and keys, so a prompt kept on the
+# loop costs it at most ~1.5 ms, and one sent off costs it 0.2-0.4 ms for the hop (docs/benchmarks.md).
+OFF_LOOP_CHARS = 2048
 
 
 @dataclass(frozen=True, slots=True)
