@@ -143,9 +143,8 @@ def load_tokenizer_dir(path: str | Path) -> HfTokenizer:
     _add_named_tokens(tok, config)
     _update_post_processor(tok, config, special)
     templates = _templates(directory, config)
-    # One text per call gains nothing from the library's thread pool, whose threads competed with the
-    # event loop for the cores (measured: docs/benchmarks.md); having used it also makes every later
-    # fork print a warning. An operator's own setting is kept.
+    # One text per call gains nothing from the library's thread pool (it splits a batch by text), and
+    # having used the pool makes every later fork print a warning. An operator's own setting is kept.
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     return HfTokenizer(directory, tok, templates, special, signature)
 

@@ -1,7 +1,7 @@
 """What a model's own tokenizer (`models[].tokenizer` a directory) costs per request, at ~1k, 8k and 32k
 prompt tokens, chat and completion; no network.
 
-    python -m tests.gateway.bench_tokenizer [--rounds 5]
+    python -m tests.gateway.bench_tokenizer [--rounds 5] [--gil-only]
 
 For each size: `Router.prompt_facts` (what routing runs per request: chat template, encoding, block keys)
 and its parts, CPU microseconds per request (the calling thread's, `time.thread_time`: steady on a busy
@@ -11,8 +11,8 @@ prompt over `OFF_LOOP_CHARS` is encoded in a worker thread, so the loop only pay
 at a time and four at once; and the longest the event loop went without running (a task that yields in
 a loop measures the gaps) while four such prompts are tokenized at once, on the loop (sync) and the
 async way. Baselines: no tokenizer (`none`, the byte estimate) and the simulator's (`sim`). Last, why
-kvgate encodes with `encode_batch_fast`: how fast a pure-Python loop runs while another thread encodes
-with it, and with `encode` (which holds the GIL).
+kvgate encodes with `encode_batch_fast` and the library's thread pool off: how fast a pure-Python loop
+runs while another thread encodes that way, with the pool on, and with `encode` (which holds the GIL).
 
 The tokenizer is the captured one (tests/fixtures/vllm-0.32-cpu/tiny-llama-tokenizer: byte-level BPE,
 2,048 tokens): a model's real vocabulary (32k-256k) changes the per-token cost somewhat. Prompts are
@@ -125,11 +125,15 @@ async def longest_stall(router: Router, endpoint: str, body: dict[str, Any], off
     return max(gaps) * 1e3
 
 
-def gil_share(tok: HfTokenizer, text: str, fast: bool) -> float:
+def gil_share(tok: HfTokenizer, text: str, how: str) -> float:
     """How fast a pure-Python loop runs on this thread while another thread encodes `text` over and
-    over, relative to running alone (1.0: encoding takes nothing from it). `fast`: encode_batch_fast,
-    as kvgate encodes; else `encode`, the tokenizers library's single-text call."""
+    over, relative to running alone (1.0: encoding takes nothing from it). `how`: "encode", the
+    tokenizers library's single-text call; "fast", encode_batch_fast as kvgate runs it (the library's
+    thread pool off); "fast+pool", the same with its thread pool on (the library's default)."""
     rust = tok._tok
+    fast = how != "encode"
+    saved = os.environ.get("TOKENIZERS_PARALLELISM")
+    os.environ["TOKENIZERS_PARALLELISM"] = "true" if how == "fast+pool" else "false"
 
     def spin(seconds: float) -> int:
         n, end = 0, time.perf_counter() + seconds
@@ -154,6 +158,10 @@ def gil_share(tok: HfTokenizer, text: str, fast: bool) -> float:
     finally:
         stop.set()
         worker.join()
+        if saved is None:
+            del os.environ["TOKENIZERS_PARALLELISM"]
+        else:
+            os.environ["TOKENIZERS_PARALLELISM"] = saved
 
 
 def router(tokenizer: str) -> Router:
@@ -201,9 +209,22 @@ async def measure(tok: HfTokenizer, routers: dict[str, Router]) -> dict[tuple[in
     return out
 
 
-async def main(rounds: int) -> None:
+def print_gil_shares(tok: HfTokenizer, rounds: int) -> None:
+    text = bodies(tok, 32_000)["completions"]["prompt"]
+    hows = ("encode", "fast", "fast+pool")
+    shares = {how: statistics.median(gil_share(tok, text, how) for _ in range(rounds)) for how in hows}
+    print(
+        "a Python loop's speed while another thread encodes 32k tokens, against its speed alone: "
+        + ", ".join(f"{how} {shares[how]:.2f}" for how in hows)
+    )
+
+
+async def main(rounds: int, gil_only: bool) -> None:
     print(f"load average {os.getloadavg()[0]:.2f}; {rounds} round(s); OFF_LOOP_CHARS={OFF_LOOP_CHARS}")
     tok = load_tokenizer_dir(FIXTURE)
+    if gil_only:
+        print_gil_shares(tok, rounds)
+        return
     routers = {"hf": router(FIXTURE), "none": router("none"), "sim": router("sim")}
     runs = [await measure(tok, routers) for _ in range(rounds)]
     med = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
@@ -223,18 +244,13 @@ async def main(rounds: int) -> None:
                 cells = [f"{med.get((size, endpoint, c), float('nan')):17.1f}" for c in cols]
                 tokens, chars = med[(size, endpoint, "tokens")], med[(size, endpoint, "chars")]
                 print(f"{size:>6} {endpoint:11} {tokens:6.0f} {chars:6.0f} " + " ".join(cells))
-    text = bodies(tok, 32_000)["completions"]["prompt"]
-    shares = {
-        fast: statistics.median(gil_share(tok, text, fast) for _ in range(rounds)) for fast in (False, True)
-    }
-    print(
-        f"a Python loop's speed while another thread encodes 32k tokens: {shares[False]:.2f} of its speed "
-        f"alone with encode, {shares[True]:.2f} with encode_batch_fast"
-    )
+    print_gil_shares(tok, rounds)
     print(f"load average {os.getloadavg()[0]:.2f} at the end")
 
 
 if __name__ == "__main__":
     p = argparse.ArgumentParser()
     p.add_argument("--rounds", type=int, default=1, help="run everything this many times; medians printed")
-    asyncio.run(main(p.parse_args().rounds))
+    p.add_argument("--gil-only", action="store_true", help="only the GIL measurement (the last line)")
+    args = p.parse_args()
+    asyncio.run(main(args.rounds, args.gil_only))
