@@ -5,35 +5,44 @@ with, loaded from their files, reproduce the `token_ids` of every full block the
 The chains are rebuilt from the events alone (each BlockStored event's blocks in order, the first one's
 parent `parent_block_hash`), so nothing here chooses which chain a request "should" match: each of the
 nine requests must match exactly one of the nine chains the engine stored, each chain matched once, in
-the order the requests were sent."""
+the order the requests were sent. Then the same through kvgate's own exact index, fed the captured
+frames: what a request matches is what the engine holds of it."""
 
 from __future__ import annotations
 
 import json
+import random
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from gateway.config import parse_config
+from gateway.kv_events.feed import ReplicaFeed
+from gateway.routing import Router
 from gateway.tokenizers import full_blocks, prompt_ids, tokenizer_for
+from policies.exact_index import ExactIndex
+from policies.exact_keys import lazy_request_keys
+from tests.gateway.kv_events.captured import captured
 from tests.vllm_fixtures import VLLM_FIXTURES
 
 TOKENIZER_DIR = VLLM_FIXTURES / "tiny-llama-tokenizer"
 EVENTS = VLLM_FIXTURES / "kv_events"
 BLOCK = 32  # the server's --block-size
+MODEL = "tiny-llama"
 
 SYSTEM = "You are a helpful assistant for the ACME company. Answer briefly and politely. " + "".join(
     f"Policy clause {n} applies. " for n in range(1, 41)
 )
 CHATS = [
-    {"model": "tiny-llama", "max_tokens": 40, "messages": [
+    {"model": MODEL, "max_tokens": 40, "messages": [
         {"role": "system", "content": SYSTEM},
         {"role": "user", "content": f"Question number {k} about the policy?"},
     ]}
     for k in (1, 2, 3)
 ]  # fmt: skip
 COMPLETIONS = [
-    {"model": "tiny-llama", "max_tokens": 8, "prompt": "".join(f"t{i} w{j} " for j in range(1, 111))}
+    {"model": MODEL, "max_tokens": 8, "prompt": "".join(f"t{i} w{j} " for j in range(1, 111))}
     for i in range(1, 7)
 ]
 
@@ -107,3 +116,61 @@ def test_the_capture_is_what_the_readme_says(tok: Any) -> None:
     completion = prompt_ids(tok, "completions", COMPLETIONS[0])
     assert 1 not in completion and len(completion) // BLOCK == 17
     assert completion == tok.encode_text(COMPLETIONS[0]["prompt"], add_special_tokens=False)
+
+
+# --- through kvgate's exact index -----------------------------------------------------------------------
+
+
+def engine_chains(name: str) -> list[list[int]]:
+    """Each root-to-leaf chain of the capture as engine hashes, in the order its last block was stored."""
+    parent: dict[int, int | None] = {}
+    order: list[int] = []
+    for m in captured(name):
+        for e in m.decoded[1]:
+            if e["type"] == "BlockStored":
+                up = e["parent_block_hash"]
+                for h in e["block_hashes"]:
+                    parent[h], up = up, h
+                    order.append(h)
+    has_child = {p for p in parent.values() if p is not None}
+    chains = []
+    for leaf in (h for h in order if h not in has_child):
+        chain, node = [], leaf
+        while node is not None:
+            chain.append(node)
+            node = parent[node]
+        chains.append(chain[::-1])
+    return chains
+
+
+def test_the_exact_index_fed_the_captured_frames_matches_requests_tokenized_here() -> None:
+    """The whole path: the captured ZeroMQ frames through kvgate's KV-event feed into its exact index,
+    requests through the Router with this tokenizer (its packed ids keyed at the engine's block size):
+    each chat request matches all 26 of its prompt blocks; after the evictions each completion matches
+    exactly the leading blocks of its chain the engine still holds (the last one all 17)."""
+    index = ExactIndex(default_capacity=64)
+    index.add_replica("r0", MODEL, capacity=64)  # the server's --num-gpu-blocks-override
+    feed = ReplicaFeed("r0", index, can_replay=False, stale_after_s=60)
+    router = Router(
+        parse_config({"models": [{"name": MODEL, "tokenizer": str(TOKENIZER_DIR)}]}), random.Random(1)
+    )
+
+    def matched(endpoint: str, body: dict[str, Any]) -> int:
+        facts = router.prompt_facts(endpoint, body, MODEL, None)
+        return index.match(lazy_request_keys(facts.token_bytes, BLOCK, MODEL, None), ("r0",)).get("r0", 0)
+
+    for m in captured("stored"):
+        feed.on_live(m.frames, 0.0)
+    assert feed.exact(0.0)
+    assert [matched("chat", body) for body in CHATS] == [26, 26, 26]
+    for m in captured("evicted"):
+        feed.on_live(m.frames, 0.0)
+    held = index.held_hashes("r0")
+    still = []
+    for chain in engine_chains("evicted"):
+        n = 0
+        while n < len(chain) and chain[n] in held:
+            n += 1
+        still.append(n)
+    assert still[-1] == 17 and still[0] == 0  # the capture's evictions: the newest whole, the oldest gone
+    assert [matched("completions", body) for body in COMPLETIONS] == still
