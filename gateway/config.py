@@ -8,11 +8,20 @@ no tenants, in-memory state).
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from gateway.config_discovery import DiscoveryConfig
 from gateway.config_routes import RouteConfig, check_adapter_sources, route_problems
@@ -116,8 +125,11 @@ class ModelConfig(ReplicaCredential):
     fields (`api_key_env`, `api_key_file`) apply to every replica of the pool."""
 
     name: str = Field(min_length=1)
-    # "sim": the simulator's own tokenizer (exact counts and token blocks); none: ~4 bytes per token.
-    tokenizer: Literal["none", "sim"] = "none"
+    # none: ~4 bytes per token; sim: the simulator's own tokenizer (exact counts and token blocks);
+    # anything else: a directory with the model's tokenizer files (tokenizer.json, tokenizer_config.json,
+    # chat_template.jinja), so counts and blocks are the engine's own ids (gateway/hf_tokenizer.py). A
+    # relative path is taken from the config file's directory; it is kept absolute once validated.
+    tokenizer: str = Field("none", min_length=1)
     # LoRA adapters kvgate may load on this pool's replicas when none holds one a request needs:
     # served name -> source path for vLLM's POST /v1/load_lora_adapter (gateway/adapter_loader.py).
     adapters: dict[str, str] = Field(default_factory=dict)
@@ -130,6 +142,14 @@ class ModelConfig(ReplicaCredential):
     @classmethod
     def _adapter_sources(cls, v: dict[str, str]) -> dict[str, str]:
         return check_adapter_sources(v)
+
+    @field_validator("tokenizer")
+    @classmethod
+    def _tokenizer_path(cls, v: str, info: ValidationInfo) -> str:
+        if v in ("none", "sim"):
+            return v
+        base = (info.context or {}).get("config_dir")
+        return os.path.normpath(Path(base or Path.cwd(), v))  # an absolute v stays as it is
 
 
 class ReplicaConfig(ReplicaCredential):
@@ -418,10 +438,11 @@ def _format_errors(err: ValidationError) -> str:
     return "\n".join(lines)
 
 
-def parse_config(data: Any) -> Config:
-    """Validate already-loaded YAML data (None = empty file)."""
+def parse_config(data: Any, config_dir: str | Path | None = None) -> Config:
+    """Validate already-loaded YAML data (None = empty file). Relative file paths in it are taken from
+    `config_dir` (the config file's directory; None: the working directory)."""
     try:
-        return Config.model_validate(data or {})
+        return Config.model_validate(data or {}, context={"config_dir": config_dir})
     except ValidationError as err:
         raise ConfigError(_format_errors(err)) from None
 
@@ -444,4 +465,6 @@ def config_from_text(text: str, source: str) -> Config:
         raise ConfigError(f"{source}: not valid YAML: {err}") from None
     if data is not None and not isinstance(data, dict):
         raise ConfigError(f"{source}: the top level must be a mapping")
-    return parse_config(data)
+    # The directory the path was given in, symlinks kept: a ConfigMap's file is a link into a
+    # versioned folder that the next update replaces.
+    return parse_config(data, Path(source).absolute().parent)

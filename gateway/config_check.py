@@ -30,7 +30,8 @@ def checked_from_text(text: str, source: str) -> Config:
 
 def check_semantics(config: Config) -> None:
     """Raise ConfigError (`path: reason`) for what pydantic cannot see: plugin types, profile names,
-    an unreadable `upstream.tls_ca_file` (read here, from disk)."""
+    an unreadable `upstream.tls_ca_file`, a `models[].tokenizer` directory without a usable tokenizer
+    (both read here, from disk)."""
     from gateway.routing import profile_specs
     from gateway.upstream.tls import client_tls_context
     from policies.scheduling.registry import build_profile
@@ -47,6 +48,14 @@ def check_semantics(config: Config) -> None:
             f"scheduling.profile: no profile named {config.scheduling.profile!r} "
             f"(known: {', '.join(sorted(specs))})"
         )
+    for i, m in enumerate(config.models):
+        if m.tokenizer not in ("none", "sim"):
+            from gateway.hf_tokenizer import load_tokenizer_dir  # tokenizers and jinja2: only when named
+
+            try:
+                load_tokenizer_dir(m.tokenizer)
+            except ValueError as err:
+                problems.append(f"models.{i}.tokenizer: {err}")
     if config.upstream.tls_ca_file is not None:
         try:
             client_tls_context(config.upstream.tls_ca_file)

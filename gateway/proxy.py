@@ -105,7 +105,7 @@ class ProxyEndpoint:
                 res = await gw.model_routes.place(res)
                 model_label = res.pool
                 gw.tenancy.check_model(tenant, res.target)
-            info = self._request_info(req, res, tenant.name, scope, snap)
+            info = await self._request_info(req, res, tenant.name, scope, snap)
             admitted = await gw.tenancy.admit(tenant, info, header(scope, b"x-kvgate-priority"))
             info = admitted.info
             extra_headers = [rid, *admitted.headers]
@@ -163,12 +163,12 @@ class ProxyEndpoint:
                 target=res.target if res is not None else None,
             )
 
-    def _request_info(
+    async def _request_info(
         self, req: ParsedRequest, res: Resolution, tenant: str, scope: Scope, snap: ConfigSnapshot
     ) -> RequestInfo:
         gw = self.gw
         base, adapter = res.pool, res.adapter
-        facts = gw.router.prompt_facts(self.endpoint, req.body, base, adapter)
+        facts = await gw.router.prompt_facts_async(self.endpoint, req.body, base, adapter)
         max_tokens = req.max_tokens if req.max_tokens is not None else gw.tenancy.default_max_tokens(tenant)
         session = header(scope, snap.session_header)
         return RequestInfo(

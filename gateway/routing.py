@@ -13,6 +13,7 @@ converted to index blocks (tokens / `index_block_tokens`) so one scorer compares
 
 from __future__ import annotations
 
+import asyncio
 import random
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping
@@ -22,8 +23,9 @@ from typing import Any, Protocol
 import orjson
 
 from gateway.config import Config
+from gateway.errors import bad_request
 from gateway.reload import ReloadStep
-from gateway.tokenizers import Tokenizer, tokenizer_for
+from gateway.tokenizers import PromptNotReproducible, PromptRejected, Tokenizer, prompt_ids, tokenizer_for
 from policies.exact_index import ExactIndex
 from policies.exact_keys import lazy_request_keys, pack_tokens
 from policies.prefix import TOKEN_ID_BYTES, byte_block_keys, seed_for
@@ -37,6 +39,10 @@ from policies.tenancy import estimate_prompt_tokens, estimate_tokens
 from policies.types import FleetSnapshot, RequestInfo
 
 SESSION_MAP_SIZE = 100_000
+# A prompt with more text than this is tokenized in a worker thread when its tokenizer releases the GIL:
+# measured 0.55-0.72 us of CPU per character for template, encoding and keys, so a prompt kept on the
+# loop costs it at most ~1.5 ms, and one sent off costs it 0.2-0.4 ms for the hop (docs/benchmarks.md).
+OFF_LOOP_CHARS = 2048
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,12 +113,13 @@ class Router:
         self.exact: ExactSource | None = None  # set by the Gateway when replicas publish KV events
 
     def prepare(self, old: Config, new: Config) -> ReloadStep:
-        """Reload (gateway/reload.py): the profiles and the active one, the pools' tokenizers. The
-        prefix index and the session map are kept (`scheduling.prefix_index` needs a restart); a
-        profile chosen with `use_profile` gives way to the file's. Raises ValueError for a profile
-        that does not build."""
+        """Reload (gateway/reload.py): the profiles and the active one, the pools' tokenizers (one
+        loaded from files that have not changed is kept as it is). The prefix index and the session
+        map are kept (`scheduling.prefix_index` needs a restart); a profile chosen with `use_profile`
+        gives way to the file's. Raises ValueError for a profile that does not build or a tokenizer
+        that does not load."""
         profiles = _build_profiles(new)
-        tokenizers = {m.name: tokenizer_for(m.tokenizer) for m in new.models}
+        tokenizers = {m.name: tokenizer_for(m.tokenizer, self._tokenizers.get(m.name)) for m in new.models}
         name = new.scheduling.profile
 
         cap = _in_flight_cap(new)
@@ -136,27 +143,43 @@ class Router:
         self.profile = profile
         self.profile_name = name
 
+    async def prompt_facts_async(
+        self, endpoint: str, body: Mapping[str, Any], base: str, adapter: str | None
+    ) -> PromptFacts:
+        """`prompt_facts`, in a worker thread when the prompt is long and its tokenizer encodes without
+        the GIL (so the event loop goes on meanwhile); on the loop otherwise."""
+        tok = self._tokenizers.get(base)
+        if tok is not None and tok.releases_gil and _text_chars(endpoint, body) > OFF_LOOP_CHARS:
+            return await asyncio.to_thread(self.prompt_facts, endpoint, body, base, adapter)
+        return self.prompt_facts(endpoint, body, base, adapter)
+
     def prompt_facts(
         self, endpoint: str, body: Mapping[str, Any], base: str, adapter: str | None
     ) -> PromptFacts:
         """Prompt tokens (exact with a tokenizer, else estimated) and prefix block keys. A completions
         batch counts the tokens of every prompt but is keyed on its first: the batch goes to one
-        replica, and its first prompt decides where the shared prefix lives."""
+        replica, and its first prompt decides where the shared prefix lives. A prompt the tokenizer
+        cannot reproduce is estimated; one the engine would refuse (its chat template raised) is a
+        GatewayError 400. Safe to call from a worker thread: reads only what a reload swaps whole."""
         tok = self._tokenizers.get(base)
         seed = seed_for(base, adapter)
         batch = None if endpoint == "chat" else batch_prompts(body["prompt"])
         if tok is not None:
-            if endpoint == "chat":
-                ids = tok.encode_chat(body["messages"])
+            try:
+                ids = prompt_ids(tok, endpoint, body)
+                tokens = len(ids)
+                if batch is not None:
+                    tokens += sum(len(tok.encode_prompt(p, body)) for p in batch[1:])
+            except PromptRejected as err:
+                raise bad_request(str(err), "messages" if endpoint == "chat" else "prompt") from None
+            except PromptNotReproducible:
+                pass  # estimated below, as without a tokenizer
             else:
-                ids = tok.encode_prompt(body["prompt"] if batch is None else batch[0])
-            tokens = len(ids)
-            if batch is not None:
-                tokens += sum(len(tok.encode_prompt(p)) for p in batch[1:])
-            packed = pack_tokens(ids)
-            keys = byte_block_keys(packed, self.index_block_tokens * TOKEN_ID_BYTES, seed)
-            salt = body.get("cache_salt")
-            return PromptFacts(tokens, True, keys, packed, salt if isinstance(salt, str) and salt else None)
+                packed = pack_tokens(ids)
+                keys = byte_block_keys(packed, self.index_block_tokens * TOKEN_ID_BYTES, seed)
+                given = body.get("cache_salt")
+                salt = given if isinstance(given, str) and given else None
+                return PromptFacts(tokens, True, keys, packed, salt)
         if endpoint == "chat":
             data = canonical_chat_bytes(body["messages"])
             tokens = estimate_tokens(len(data))
@@ -228,6 +251,24 @@ class Router:
             sessions.move_to_end(info.session_id)
             if len(sessions) > SESSION_MAP_SIZE:
                 sessions.popitem(last=False)
+
+
+def _text_chars(endpoint: str, body: Mapping[str, Any]) -> int:
+    """Characters of text in a request's prompt (string contents and text parts; a batch's strings)."""
+    if endpoint != "chat":
+        prompt = body["prompt"]
+        if isinstance(prompt, str):
+            return len(prompt)
+        return sum(len(p) for p in prompt if isinstance(p, str)) if isinstance(prompt, list) else 0
+    total = 0
+    for m in body["messages"]:
+        content = m.get("content") if isinstance(m, Mapping) else None
+        if isinstance(content, str):
+            total += len(content)
+        elif isinstance(content, list):
+            texts = (p.get("text") for p in content if isinstance(p, Mapping))
+            total += sum(len(t) for t in texts if isinstance(t, str))
+    return total
 
 
 def _in_flight_cap(config: Config) -> int | None:

@@ -147,7 +147,7 @@ class ShadowSender:
         doc["model"] = m.adapter if m.adapter is not None else m.pool
         if self._priority is not None:
             doc["priority"] = self._priority
-        facts = self._router.prompt_facts(endpoint, doc, m.pool, m.adapter)
+        facts = await self._router.prompt_facts_async(endpoint, doc, m.pool, m.adapter)
         info = replace(
             primary, model=m.requested, base_model=m.pool, adapter=m.adapter,
             prompt_tokens=facts.prompt_tokens, prefix_keys=facts.prefix_keys,
