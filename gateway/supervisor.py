@@ -90,6 +90,7 @@ class Supervisor:
     _signals: list[int] = field(default_factory=list)
     _exits: list[float] = field(default_factory=list)  # monotonic times of unexpected exits
     _stopping: int = 0  # stop signals passed on
+    _stop_signal: int = 0  # the first one
     _gave_up: bool = False
 
     def run(self) -> int:
@@ -151,6 +152,7 @@ class Supervisor:
     def _stop(self, signum: int) -> None:
         name = signal.Signals(signum).name
         self._stopping += 1
+        self._stop_signal = self._stop_signal or signum
         log.warning("%s: passed to every worker%s", name, " again" if self._stopping > 1 else "")
         for w in self.workers:
             w.restart_at = None
@@ -163,7 +165,9 @@ class Supervisor:
         if snapshot.exists():  # its counters keep counting in /metrics (gateway/worker_metrics.py)
             os.replace(snapshot, self._slot.dir / f"exited-{pid}.json")
         if self._stopping:
-            w.exit_code = code
+            # Killed by the very signal passed on, before it could handle it (still starting up):
+            # it served nothing, so that is a clean exit too.
+            w.exit_code = 0 if code == -self._stop_signal else 128 - code if code < 0 else code
             return
         self._exits = [t for t in self._exits if now - t < EXIT_WINDOW_S] + [now]
         recent = len(self._exits)
