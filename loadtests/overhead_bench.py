@@ -13,6 +13,16 @@ Reported per concurrency: TTFT p50/p99 direct and through kvgate and their diffe
 latency), end-to-end p50, requests/s, and kvgate's CPU per request and per relayed chunk (from
 /proc/<pid>/stat); "chunks relayed per core-second" is chunks relayed / kvgate CPU seconds.
 
+`--pace-ms MS`: the upstream is `loadtests.paced_replica` instead of the simulator: every stream's
+chunks come MS apart (its first at once), as a decoding engine delivers them, so kvgate's cost per
+relayed chunk is measured at the rate real streams arrive (a burst of 32 chunks costs much less per
+chunk than 32 wake-ups). The paced replica and the load generator share core 1.
+
+`--workers N`: kvgate runs as `kvgate serve --workers N` (gateway/supervisor.py), the supervisor
+and every worker pinned to core 0 with the other processes on core 1; kvgate's CPU is the sum over
+the supervisor and its workers. With `--workers` (1 included, so that 1 and 2 compare alike) the
+limits are shared through a private `redis-server` (on core 1), as several workers require.
+
 `--route`: each through-kvgate run is followed by the same load sent to the route `tiny-route` (one
 target, the same model), so every request is resolved through a route and every chunk of its answer
 has its `model` field rewritten (`"model":"tiny-llama"` -> `"model":"tiny-route"`, gateway/forwarder);
@@ -54,10 +64,20 @@ def _has_taskset() -> bool:
 
 
 def cpu_seconds(pid: int) -> float:
-    """utime + stime of a process, seconds."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    """utime + stime of a process and of its live children (a supervisor's workers), seconds."""
+    total = 0.0
     ticks = os.sysconf("SC_CLK_TCK")
-    return (int(fields[11]) + int(fields[12])) / ticks
+    for p in [pid, *_children(pid)]:
+        fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
+        total += (int(fields[11]) + int(fields[12])) / ticks
+    return total
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        return [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:
+        return []
 
 
 @contextlib.contextmanager
@@ -178,24 +198,40 @@ async def measure(args: argparse.Namespace, sim_url: str, gw_url: str, gw_pid: i
 
 def run(args: argparse.Namespace) -> None:
     """Start the replica and kvgate as pinned child processes, measure, stop them."""
-    sim_cmd = [*_taskset(1), sys.executable, "-m", "gateway.cli", "sim", "--replicas", "1", "--port", "0",
-               "--profile", "tiny", "--time-scale", str(args.time_scale)]  # fmt: skip
-    with child(sim_cmd, "http://") as (_, sim_url), tempfile.TemporaryDirectory() as tmp:
+    if args.pace_ms is not None:
+        sim_cmd = [*_taskset(1), sys.executable, "-m", "loadtests.paced_replica", "--port", "0",
+                   "--pace-ms", str(args.pace_ms), "--model", MODEL]  # fmt: skip
+    else:
+        sim_cmd = [*_taskset(1), sys.executable, "-m", "gateway.cli", "sim", "--replicas", "1", "--port", "0",
+                   "--profile", "tiny", "--time-scale", str(args.time_scale)]  # fmt: skip
+    with contextlib.ExitStack() as stack:
+        _, sim_url = stack.enter_context(child(sim_cmd, "http://"))
+        tmp = stack.enter_context(tempfile.TemporaryDirectory())
         # Flow control off: with one replica and 200 streams it would (by design) hold requests past
         # max_in_flight_per_replica at the gateway; this benchmark measures the proxy's own cost.
         cfg = {"replicas": [{"url": sim_url, "model": MODEL, "name": "r0"}],
                "flow_control": {"enabled": False},
+               "server": {"access_log": False},
                "routes": [{"name": ROUTE, "targets": [{"model": MODEL, "weight": 1}]}]}  # fmt: skip
+        gw_args = []
+        if args.workers is not None:
+            from loadtests.redis_process import RedisServer
+
+            redis = RedisServer()
+            stack.callback(redis.close)
+            redis.start()
+            cfg["state"] = {"store": redis.url}
+            gw_args = ["--workers", str(args.workers)]
         cfg_path = Path(tmp) / "kvgate.yaml"
         cfg_path.write_text(yaml.safe_dump(cfg))
         gw_cmd = [*_taskset(0), sys.executable, "-m", "gateway.cli", "serve", "--config", str(cfg_path),
-                  "--port", str(args.gateway_port)]  # fmt: skip
+                  "--port", str(args.gateway_port), *gw_args]  # fmt: skip
         gw = subprocess.Popen(gw_cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
             asyncio.run(measure(args, sim_url, f"http://127.0.0.1:{args.gateway_port}", gw.pid))
         finally:
             gw.terminate()
-            gw.wait(10)
+            gw.wait(30)
 
 
 def print_point(p: Point) -> None:
@@ -232,6 +268,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-seconds", type=float, default=120.0)
     p.add_argument("--gateway-port", type=int, default=18080)
     p.add_argument("--route", action="store_true", help="also send each load to a route (model rewrite on)")
+    p.add_argument("--pace-ms", type=float, default=None,
+                   help="chunks this many ms apart (loadtests.paced_replica), not the simulator")
+    p.add_argument("--workers", type=int, default=None,
+                   help="kvgate serve --workers N (limits in a private redis-server)")  # fmt: skip
     args = p.parse_args(argv)
     if args.route:
         plain, rewriting = rewrite_micro()
