@@ -67,11 +67,11 @@ def register_admin_routes(api: FastAPI, gateway: Callable[[], Gateway]) -> None:
         request.state.admin = _REFUSED
         request.state.change = ""
         response = await call_next(request)
+        who = request.state.admin
         with contextlib.suppress(HTTPException):
             workers = gateway().workers
-            if workers is not None:  # which worker answered (admins only: clients never see it)
+            if workers is not None and who != _REFUSED:  # which worker answered, told to admins only
                 response.headers["x-kvgate-worker"] = str(workers.index)
-        who = request.state.admin
         change = f" ({request.state.change})" if request.state.change else ""
         audit.info(
             "admin call by %s: %s %s -> %d%s",

@@ -56,11 +56,17 @@ async def test_a_worker_that_dies_is_started_again_and_its_counts_stay_in_metric
             for _ in range(10):
                 assert (await c.post("/v1/chat/completions", json=chat("hi"))).status_code == 200
             await c.get("/metrics")  # every worker saves the samples it gave
+            assert (await c.post("/admin/replicas/r0/drain", headers=ADMIN)).status_code == 200
             victim = before[0]
             os.kill(victim, signal.SIGKILL)
             after = await kv.wait_workers(2, other_than=frozenset({victim}))
             assert before[1] in after  # the other worker was left alone
-            await each_worker(kv.url, "/admin/config", ADMIN, lambda doc: True)  # both serve again
+            # Both serve again, the new one with the drain it learnt from the other at start.
+            drained = await each_worker(kv.url, "/admin/replicas", ADMIN, lambda doc: True)
+            for doc in drained.values():
+                assert {r["name"]: r["drained"] for r in doc["data"]} == {"r0": True, "r1": False}
+            unauthorized = await c.get("/admin/replicas")
+            assert unauthorized.status_code == 401 and "x-kvgate-worker" not in unauthorized.headers
             text = (await c.get("/metrics")).text
         assert 'kvgate_requests_total{model="tiny-llama",status="200"} 10.0' in text
         assert 'kvgate_workers{state="exited"} 1.0' in text
