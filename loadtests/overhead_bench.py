@@ -127,6 +127,8 @@ class Point:
     gw_requests: int
     gw_chunks: int
     label: str = ""
+    wall_s: float = 0.0  # of the through-kvgate runs
+    sim_cpu_s: float = 0.0  # the replica's CPU over them
 
 
 def rewrite_micro(chunks: int = 200_000) -> tuple[float, float]:
@@ -159,7 +161,9 @@ def _pct(results: list[RunResult], attr: str, q: str) -> float:
     return sum(values) / len(values)
 
 
-async def measure(args: argparse.Namespace, sim_url: str, gw_url: str, gw_pid: int) -> list[Point]:
+async def measure(
+    args: argparse.Namespace, sim_url: str, gw_url: str, gw_pid: int, sim_pid: int
+) -> list[Point]:
     await wait_http(gw_url + "/ready")
     with contextlib.suppress(AttributeError, OSError):
         os.sched_setaffinity(0, {1})
@@ -174,19 +178,21 @@ async def measure(args: argparse.Namespace, sim_url: str, gw_url: str, gw_pid: i
         direct: list[RunResult] = []
         through: list[RunResult] = []
         routed: list[RunResult] = []
-        cpu = cpu_routed = 0.0
+        cpu = cpu_routed = sim_cpu = 0.0
         for _ in range(args.repeats):
             direct.append(await run_load(sim_url, list(wl.requests()), load))
-            c0 = cpu_seconds(gw_pid)
+            c0, s0 = cpu_seconds(gw_pid), cpu_seconds(sim_pid)
             through.append(await run_load(gw_url, list(wl.requests()), load))
             cpu += cpu_seconds(gw_pid) - c0
+            sim_cpu += cpu_seconds(sim_pid) - s0
             if args.route:
                 c0 = cpu_seconds(gw_pid)
                 routed.append(await run_load(gw_url, list(routed_wl.requests()), load))
                 cpu_routed += cpu_seconds(gw_pid) - c0
         reqs = sum(len(r.traces) for r in through)
         chunks = sum(t.output_tokens for r in through for t in r.traces)
-        points.append(Point(c, direct, through, cpu, reqs, chunks))
+        wall = sum(r.wall_s for r in through)
+        points.append(Point(c, direct, through, cpu, reqs, chunks, wall_s=wall, sim_cpu_s=sim_cpu))
         print_point(points[-1])
         if args.route:
             reqs = sum(len(r.traces) for r in routed)
@@ -205,7 +211,7 @@ def run(args: argparse.Namespace) -> None:
         sim_cmd = [*_taskset(1), sys.executable, "-m", "gateway.cli", "sim", "--replicas", "1", "--port", "0",
                    "--profile", "tiny", "--time-scale", str(args.time_scale)]  # fmt: skip
     with contextlib.ExitStack() as stack:
-        _, sim_url = stack.enter_context(child(sim_cmd, "http://"))
+        sim, sim_url = stack.enter_context(child(sim_cmd, "http://"))
         tmp = stack.enter_context(tempfile.TemporaryDirectory())
         # Flow control off: with one replica and 200 streams it would (by design) hold requests past
         # max_in_flight_per_replica at the gateway; this benchmark measures the proxy's own cost.
@@ -228,7 +234,7 @@ def run(args: argparse.Namespace) -> None:
                   "--port", str(args.gateway_port), *gw_args]  # fmt: skip
         gw = subprocess.Popen(gw_cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
-            asyncio.run(measure(args, sim_url, f"http://127.0.0.1:{args.gateway_port}", gw.pid))
+            asyncio.run(measure(args, sim_url, f"http://127.0.0.1:{args.gateway_port}", gw.pid, sim.pid))
         finally:
             gw.terminate()
             gw.wait(30)
@@ -255,6 +261,14 @@ def print_point(p: Point) -> None:
         f"| {rps_d:.0f} / {rps_g:.0f} | {cpu_req:.0f} | {per_core:,.0f} | {errors} {kinds or ''} |",
         flush=True,
     )
+    if p.wall_s > 0:
+        loadgen = sum(r.loadgen.cpu_s for r in p.gateway)
+        print(
+            f"  through kvgate: kvgate {p.gw_cpu_s / p.wall_s:.2f} cores, replica "
+            f"{p.sim_cpu_s / p.wall_s:.2f}, load generator {loadgen / p.wall_s:.2f}; "
+            f"{p.gw_chunks / p.wall_s:,.0f} chunks/s",
+            flush=True,
+        )
 
 
 def main(argv: list[str] | None = None) -> int:
