@@ -9,10 +9,12 @@ done), so no connection waits on a worker that cannot serve yet.
 The parent serves nothing and owns the signals. Workers run in sessions of their own, so a
 terminal's Ctrl-C reaches only the parent, which passes each signal on once:
 
-- SIGTERM or SIGINT: passed to every worker, which drains as a single kvgate does (gateway/drain.py);
-  again: passed again (each worker exits at once). The parent exits when every worker has: 0 when
-  all exited 0, else the first non-zero status (143 after a second SIGTERM).
-- SIGHUP: passed to every worker: each reloads the config file (gateway/reload.py).
+- SIGTERM or SIGINT: SIGTERM to every worker, which drains as a single kvgate does
+  (gateway/drain.py); again: passed again (each worker exits at once). The parent exits when every
+  worker has: 0 when all exited 0 (or died of that SIGTERM while still starting, having served
+  nothing), else the first failing status (143 after a second signal).
+- SIGHUP: passed to every worker: each reloads the config file (gateway/reload.py). A worker ignores
+  SIGHUP until its server handles it (it reads the file as it starts anyway).
 - a worker that exits when it was not asked to (a crash, an OOM kill, a `kill` of its pid) is
   started again after a backoff (RESTART_MIN_S doubling per recent exit up to RESTART_MAX_S). Past
   MAX_EXITS unexpected exits within EXIT_WINDOW_S the parent gives up: it drains the other workers
@@ -90,7 +92,6 @@ class Supervisor:
     _signals: list[int] = field(default_factory=list)
     _exits: list[float] = field(default_factory=list)  # monotonic times of unexpected exits
     _stopping: int = 0  # stop signals passed on
-    _stop_signal: int = 0  # the first one
     _gave_up: bool = False
 
     def run(self) -> int:
@@ -122,7 +123,11 @@ class Supervisor:
 
     def _start(self, w: _Worker) -> None:
         env = {**os.environ, **WorkerSlot(w.index, self.count, self._slot.dir, os.getpid()).env()}
-        w.proc = subprocess.Popen(list(self.argv), env=env, start_new_session=True)
+        # SIGHUP ignored until the worker handles it (its server installs the handler): a reload
+        # passed on while it starts would otherwise kill it. An ignored signal survives exec.
+        w.proc = subprocess.Popen(
+            list(self.argv), env=env, start_new_session=True, preexec_fn=_ignore_sighup
+        )
         w.restart_at = None
 
     def _send(self, signum: int) -> None:
@@ -152,11 +157,12 @@ class Supervisor:
     def _stop(self, signum: int) -> None:
         name = signal.Signals(signum).name
         self._stopping += 1
-        self._stop_signal = self._stop_signal or signum
         log.warning("%s: passed to every worker%s", name, " again" if self._stopping > 1 else "")
         for w in self.workers:
             w.restart_at = None
-        self._send(signum)
+        # SIGINT goes on as SIGTERM: the same drain, and a worker still starting up dies of it
+        # quietly (SIGINT would end it with a KeyboardInterrupt traceback and status 1).
+        self._send(signal.SIGTERM)
 
     def _exited(self, w: _Worker, code: int, now: float) -> None:
         assert w.proc is not None
@@ -167,7 +173,7 @@ class Supervisor:
         if self._stopping:
             # Killed by the very signal passed on, before it could handle it (still starting up):
             # it served nothing, so that is a clean exit too.
-            w.exit_code = 0 if code == -self._stop_signal else 128 - code if code < 0 else code
+            w.exit_code = 0 if code == -signal.SIGTERM else 128 - code if code < 0 else code
             return
         self._exits = [t for t in self._exits if now - t < EXIT_WINDOW_S] + [now]
         recent = len(self._exits)
@@ -192,6 +198,10 @@ class Supervisor:
             if w.proc is not None and w.proc.poll() is None:
                 w.proc.kill()
                 w.proc.wait()
+
+
+def _ignore_sighup() -> None:
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
 
 
 def worker_argv(config_path: str, host: str, port: int, workers: int) -> list[str]:
