@@ -46,7 +46,9 @@ def register_reload_admin(api: FastAPI, guard: Callable[[Request], Gateway]) -> 
             workers = {"workers": {str(gw.workers.index): _result_view(res.ok, res.generation, res.digest)}}
             for i, a in answers.items():
                 workers["workers"][str(i)] = (
-                    None if a is None else _result_view(a["ok"], a["generation"], a["hash"], a["message"])
+                    None
+                    if a is None
+                    else _result_view(bool(a.get("ok")), a.get("generation"), a.get("hash"), a.get("message"))
                 )
         request.state.change = (  # for the admin audit line (gateway/admin.py)
             f"config reloaded: generation {res.generation}" if res.ok else f"reload refused: {res.message}"
@@ -68,7 +70,9 @@ def register_reload_admin(api: FastAPI, guard: Callable[[Request], Gateway]) -> 
         return Response(orjson.dumps(body), status, media_type="application/json")
 
 
-def _result_view(ok: bool, generation: int, digest: str, message: str | None = None) -> dict[str, Any]:
+def _result_view(
+    ok: bool, generation: int | None, digest: str | None, message: str | None = None
+) -> dict[str, Any]:
     view: dict[str, Any] = {"reloaded": ok, "generation": generation, "hash": digest}
     if message is not None and not ok:
         view["message"] = message
