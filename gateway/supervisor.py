@@ -6,8 +6,10 @@ kernel (Linux) spreads new connections across the workers' listeners; a connecti
 worker that accepted it. A worker listens only once its Gateway has started (the first scrapes
 done), so no connection waits on a worker that cannot serve yet.
 
-The parent serves nothing and owns the signals. Workers run in sessions of their own, so a
-terminal's Ctrl-C reaches only the parent, which passes each signal on once:
+The parent serves nothing and owns the signals. Workers run in process groups of their own, so a
+terminal's Ctrl-C reaches only the parent, which passes each signal on once (they stay in its
+session: a session of their own would also be a scheduler autogroup of their own on kernels that
+group by session, giving N workers N shares of a busy machine's CPU):
 
 - SIGTERM or SIGINT: SIGTERM to every worker, which drains as a single kvgate does
   (gateway/drain.py); again: passed again (each worker exits at once). The parent exits when every
@@ -125,9 +127,7 @@ class Supervisor:
         env = {**os.environ, **WorkerSlot(w.index, self.count, self._slot.dir, os.getpid()).env()}
         # SIGHUP ignored until the worker handles it (its server installs the handler): a reload
         # passed on while it starts would otherwise kill it. An ignored signal survives exec.
-        w.proc = subprocess.Popen(
-            list(self.argv), env=env, start_new_session=True, preexec_fn=_ignore_sighup
-        )
+        w.proc = subprocess.Popen(list(self.argv), env=env, process_group=0, preexec_fn=_ignore_sighup)
         w.restart_at = None
 
     def _send(self, signum: int) -> None:
