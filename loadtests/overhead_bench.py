@@ -19,8 +19,9 @@ relayed chunk is measured at the rate real streams arrive (a burst of 32 chunks 
 chunk than 32 wake-ups). The paced replica and the load generator share core 1.
 
 `--workers N`: kvgate runs as `kvgate serve --workers N` (gateway/supervisor.py), the supervisor
-and every worker pinned to core 0 with the other processes on core 1; kvgate's CPU is the sum over
-the supervisor and its workers. With `--workers` (1 included, so that 1 and 2 compare alike) the
+and every worker pinned to core 0 with the other processes on core 1 (`--gateway-cpus 0,1`: kvgate's
+processes may run on both cores, beside the others); kvgate's CPU is the sum over the supervisor
+and its workers. With `--workers` (1 included, so that 1 and 2 compare alike) the
 limits are shared through a private `redis-server` (on core 1), as several workers require.
 
 `--route`: each through-kvgate run is followed by the same load sent to the route `tiny-route` (one
@@ -55,8 +56,8 @@ MODEL = "tiny-llama"
 ROUTE = "tiny-route"
 
 
-def _taskset(core: int) -> list[str]:
-    return ["taskset", "-c", str(core)] if _has_taskset() else []
+def _taskset(cores: int | str) -> list[str]:
+    return ["taskset", "-c", str(cores)] if _has_taskset() else []
 
 
 def _has_taskset() -> bool:
@@ -230,8 +231,8 @@ def run(args: argparse.Namespace) -> None:
             gw_args = ["--workers", str(args.workers)]
         cfg_path = Path(tmp) / "kvgate.yaml"
         cfg_path.write_text(yaml.safe_dump(cfg))
-        gw_cmd = [*_taskset(0), sys.executable, "-m", "gateway.cli", "serve", "--config", str(cfg_path),
-                  "--port", str(args.gateway_port), *gw_args]  # fmt: skip
+        gw_cmd = [*_taskset(args.gateway_cpus), sys.executable, "-m", "gateway.cli", "serve",
+                  "--config", str(cfg_path), "--port", str(args.gateway_port), *gw_args]  # fmt: skip
         gw = subprocess.Popen(gw_cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
             asyncio.run(measure(args, sim_url, f"http://127.0.0.1:{args.gateway_port}", gw.pid, sim.pid))
@@ -284,6 +285,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--route", action="store_true", help="also send each load to a route (model rewrite on)")
     p.add_argument("--pace-ms", type=float, default=None,
                    help="chunks this many ms apart (loadtests.paced_replica), not the simulator")
+    p.add_argument("--gateway-cpus", default="0",
+                   help="CPUs kvgate may run on (taskset list; default 0; the others use 1)")  # fmt: skip
     p.add_argument("--workers", type=int, default=None,
                    help="kvgate serve --workers N (limits in a private redis-server)")  # fmt: skip
     args = p.parse_args(argv)
