@@ -52,6 +52,9 @@ GAUGE_MERGE: dict[str, str] = {
     "kvgate_replica_state": "max",  # 1 for each state some worker sees the replica in
     "kvgate_replica_scrape_age_seconds": "max",  # the stalest worker's picture
     "kvgate_prefix_index_keys": "max",  # each worker keeps its own index; the largest
+    # From main's KV-event work (each worker subscribes to every replica's events itself):
+    "kvgate_prefix_index_mode": "min",  # 1 (exact) only when every worker's picture is exact
+    "kvgate_exact_index_blocks": "max",  # each worker holds its own copy of the same picture
     "kvgate_discovery_age_seconds": "max",
     "kvgate_discovery_replicas": "max",
     "kvgate_config_generation": "max",
