@@ -11,6 +11,7 @@
     GET    /admin/replicas                   every replica: state, source, URL, pool, health, in flight
     POST   /admin/replicas/{name}/drain      no new requests for it (terminating); its streams finish
     DELETE /admin/replicas/{name}/drain      undrain: its state follows its source again
+                                             (both on every worker process of this kvgate)
     GET    /admin/routes[/{name}]            A/B routes: weights, buckets, live counts, latency per arm
     PUT    /admin/routes/{name}              runtime weights (every gateway); DELETE: back to the file's
     GET    /admin/config, POST /admin/reload  the config in force, and reloading it (reload_admin.py)
@@ -20,7 +21,9 @@ but not an admin); no admin keys configured at all: 403 (the admin API is off). 
 OpenAI's shape. Every admin call is logged (logger `kvgate.admin`, one line: which admin key by
 name, method, path, status, what changed) and counted (`kvgate_admin_calls_total`), refused ones
 included. Changes answer once every live gateway applied them, or say which did not
-(`propagation`, see gateway/policy_sync.py).
+(`propagation`, see gateway/policy_sync.py). With several worker processes (`server.workers`),
+every answer to /admin/... names the worker that gave it in `x-kvgate-worker`; a drain, an undrain
+and a reload are applied by every worker before the answer, and `workers` says which confirmed.
 """
 
 from __future__ import annotations
@@ -65,6 +68,10 @@ def register_admin_routes(api: FastAPI, gateway: Callable[[], Gateway]) -> None:
         request.state.change = ""
         response = await call_next(request)
         who = request.state.admin
+        with contextlib.suppress(HTTPException):
+            workers = gateway().workers
+            if workers is not None and who != _REFUSED:  # which worker answered, told to admins only
+                response.headers["x-kvgate-worker"] = str(workers.index)
         change = f" ({request.state.change})" if request.state.change else ""
         audit.info(
             "admin call by %s: %s %s -> %d%s",
@@ -158,7 +165,7 @@ def register_admin_routes(api: FastAPI, gateway: Callable[[], Gateway]) -> None:
         except KeyError:
             raise HTTPException(404, f"No replica named '{name}'.") from None
         request.state.change = f"replica '{name}' drained"
-        return replica_summary(gw, name)
+        return await _on_every_worker(gw, name, True)
 
     @api.delete("/admin/replicas/{name}/drain")
     async def undrain_replica(name: str, request: Request) -> dict[str, Any]:
@@ -169,7 +176,7 @@ def register_admin_routes(api: FastAPI, gateway: Callable[[], Gateway]) -> None:
         except KeyError:
             raise HTTPException(404, f"No replica named '{name}'.") from None
         request.state.change = f"replica '{name}' undrained"
-        return replica_summary(gw, name)
+        return await _on_every_worker(gw, name, False)
 
     @api.get("/admin/usage", response_model=None)
     async def usage(request: Request) -> Response | dict[str, Any]:
@@ -212,6 +219,15 @@ def register_admin_routes(api: FastAPI, gateway: Callable[[], Gateway]) -> None:
 
     register_route_admin(api, admin_gateway)  # /admin/routes (A/B routing, gateway/route_admin.py)
     register_reload_admin(api, admin_gateway)  # /admin/config, /admin/reload (gateway/reload_admin.py)
+
+
+async def _on_every_worker(gw: Gateway, name: str, drained: bool) -> dict[str, Any]:
+    """The replica as this worker shows it after a drain or undrain, which the other workers (if
+    any) apply too before the answer: `workers` says which did (gateway/worker_group.py)."""
+    out = replica_summary(gw, name)
+    if gw.workers is not None:
+        out["workers"] = await gw.workers.confirm("drain", {"replica": name, "drained": drained})
+    return out
 
 
 def replica_summary(gw: Gateway, name: str) -> dict[str, Any]:

@@ -22,6 +22,7 @@ from gateway.errors import error_body
 from gateway.gateway import Gateway
 from gateway.http_protocol import ConnectionCounts
 from gateway.proxy import ProxyEndpoint
+from gateway.worker_group import WorkerGroup
 
 PROMETHEUS_TEXT = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -30,11 +31,16 @@ class KvgateApp:
     """Top-level ASGI callable. `gateway` exists between lifespan startup and shutdown."""
 
     def __init__(
-        self, config: Config, gateway: Gateway | None = None, config_file: ConfigFile | None = None
+        self,
+        config: Config,
+        gateway: Gateway | None = None,
+        config_file: ConfigFile | None = None,
+        workers: WorkerGroup | None = None,
     ) -> None:
         self.config = config
         self._given = gateway
         self._config_file = config_file  # what a reload reads (gateway/reload.py)
+        self._workers = workers  # this process is one of several workers (gateway/worker_group.py)
         self.gateway: Gateway | None = None
         self._proxy: dict[str, ProxyEndpoint] = {}
         self._api = self._build_api()
@@ -54,7 +60,7 @@ class KvgateApp:
             await self._api(scope, receive, send)
 
     async def startup(self) -> Gateway:
-        gw = self._given or Gateway(self.config, config_file=self._config_file)
+        gw = self._given or Gateway(self.config, config_file=self._config_file, workers=self._workers)
         gw.metrics.add_callback(self.connections.collect)
         await gw.start()
         self.gateway = gw
@@ -134,7 +140,10 @@ class KvgateApp:
 
         @api.get("/metrics")
         async def metrics() -> Response:
-            return Response(self._gw().metrics.render(), media_type=PROMETHEUS_TEXT)
+            gw = self._gw()
+            if gw.workers is not None:  # every worker's, merged (gateway/worker_metrics.py)
+                return Response(await gw.workers.scrape(), media_type=PROMETHEUS_TEXT)
+            return Response(gw.metrics.render(), media_type=PROMETHEUS_TEXT)
 
         @api.get("/v1/models")
         async def models() -> dict[str, Any]:

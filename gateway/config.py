@@ -36,6 +36,8 @@ from gateway.config_tenancy import (
 from gateway.kv_events.address import parse_tcp_endpoint
 from gateway.upstream.address import parse_replica_url
 
+MAX_WORKERS = 64
+
 
 class ConfigError(ValueError):
     """A config that cannot be used; `str()` lists each problem as `path: reason`."""
@@ -78,6 +80,12 @@ class ServerConfig(_Strict):
     # (SIGHUP and POST /admin/reload reload it either way; gateway/reload.py).
     watch_config: bool = False
     watch_config_interval_s: float = Field(2.0, gt=0, allow_inf_nan=False)
+    # Processes accepting on the port (SO_REUSEPORT, Linux) under a supervising parent
+    # (gateway/supervisor.py); `kvgate serve --workers N` overrides it. Above 1 the limits must be
+    # shared through Redis (state.store), and state.gateways counts kvgate instances, not processes:
+    # each worker enforces its share of a limit as one of gateways x workers processes. 1: one
+    # process, no parent.
+    workers: int = Field(1, ge=1, le=MAX_WORKERS)
 
 
 class ReplicaCredential(_Strict):
@@ -328,7 +336,10 @@ class StateConfig(_Strict):
     on_store_error: Literal["open", "closed"] = "open"
     timeout_s: float = Field(0.05, gt=0)
     key_prefix: str = "kvgate:"
-    gateways: int = Field(1, ge=1)  # fail-open share: each gateway gets 1/gateways of a limit
+    # kvgate instances (each `kvgate serve`, e.g. a pod) sharing the limits; each runs server.workers
+    # processes, and each process enforces 1/(gateways x workers) of a concurrency limit, and of the
+    # buckets while Redis is down (fail-open share).
+    gateways: int = Field(1, ge=1)
     probe_min_s: float = Field(0.25, gt=0)  # while Redis is down: first re-probe after this...
     probe_max_s: float = Field(5.0, gt=0)  # ...doubling up to this
     # Keys and tenant changes made through the admin API reach the other gateways by pub/sub at once,
@@ -418,13 +429,35 @@ class Config(_Strict):
         problems = route_problems(self)
         if problems:
             raise ValueError("; ".join(problems))
+        problem = workers_problem(self, self.server.workers)
+        if problem is not None:
+            raise ValueError(problem)
         return self
+
+    @property
+    def limit_processes(self) -> int:
+        """Processes that share the tenants' limits: `state.gateways` instances of `server.workers`
+        processes each (with memory:// only this one)."""
+        if self.state.store == "memory://":
+            return 1
+        return self.state.gateways * self.server.workers
 
     def model_settings(self, name: str) -> ModelConfig:
         for m in self.models:
             if m.name == name:
                 return m
         return ModelConfig(name=name)
+
+
+def workers_problem(config: Config, workers: int) -> str | None:
+    """Why `config` cannot run `workers` processes (None: it can)."""
+    if workers > 1 and config.state.store == "memory://":
+        return (
+            f"server.workers: {workers} worker processes need state.store: redis://... to share the "
+            "tenants' limits; with memory:// each process would keep its own buckets and counters, "
+            f"multiplying every tenant's limits by {workers}"
+        )
+    return None
 
 
 def _format_errors(err: ValidationError) -> str:

@@ -2,7 +2,8 @@
 
 Built by the app's lifespan (or by tests and `kvgate up` directly) and passed down explicitly; there
 are no module-level singletons. One Gateway per process: its prefix index, in-flight counts and queues
-are one picture of the fleet, which several workers in one process group would split.
+are one picture of the fleet. With `server.workers` > 1 each worker process has its own Gateway and
+so its own picture (gateway/worker_group.py says what the workers share and what they do not).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from gateway.tenancy import Tenancy
 from gateway.upstream import UpstreamPool
 from gateway.upstream.address import parse_replica_url
 from gateway.upstream.tls import client_tls_context
+from gateway.worker_group import WorkerGroup
 from policies.prefix_index import capacity_blocks
 from policies.types import ReplicaPhase
 
@@ -49,7 +51,11 @@ class Gateway:
         rng: random.Random | None = None,
         wall_clock: Callable[[], float] = time.time,
         config_file: ConfigFile | None = None,
+        workers: WorkerGroup | None = None,
     ) -> None:
+        # One of several worker processes (gateway/worker_group.py): admin changes and /metrics reach
+        # the siblings through it. None: the only process.
+        self.workers = workers
         # The config in force: read once per request, replaced whole by a reload (`reloader`).
         self.snapshot = ConfigSnapshot.of(config, generation=1)
         self.clock = clock
@@ -158,8 +164,12 @@ class Gateway:
         await self.model_routes.start(self._pool, self._forwarder, self.tenancy.admission, self.credentials)
         if self._watch is not None:
             self._watch.start()
+        if self.workers is not None:
+            await self.workers.start(self)
 
     async def stop(self) -> None:
+        if self.workers is not None:
+            await self.workers.stop()
         if self._watch is not None:
             await self._watch.stop()
         await self.model_routes.stop()

@@ -56,6 +56,7 @@ RESTART_ONLY: Mapping[str, str] = {
     "server.send_timeout_s": "built into the forwarder at start",
     "server.log_level": "logging is set up at start",
     "server.access_log": "logging is set up at start",
+    "server.workers": "the worker processes are started at start",
     "upstream": "the upstream connection pools and the forwarder are built at start",
     "fleet": "the scraper and the fleet state are built at start",
     "simulator": "the simulated fleet was started with it",

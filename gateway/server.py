@@ -2,6 +2,8 @@
 
 The proxy is one process with one event loop (see DESIGN.md: one picture of the fleet per process);
 uvloop and httptools when available, no access log (a log line per request is hot-path work).
+With `server.workers` > 1, `kvgate serve` runs several such processes on one port under a
+supervising parent (gateway/supervisor.py); each is a `serve_forever` with its worker slot.
 
 As a process (`serve_forever`), kvgate handles its signals itself rather than leaving them to
 uvicorn, which would close the listener at once (so `/ready` would be refused instead of answering
@@ -34,6 +36,7 @@ from gateway.config_file import ConfigFile
 from gateway.gateway import Gateway
 from gateway.http_protocol import ClientLimits, protocol_class
 from gateway.logs import configure as configure_logging
+from gateway.worker_group import WorkerGroup, WorkerSlot, die_with_parent
 
 log = logging.getLogger(__name__)
 
@@ -48,12 +51,17 @@ class _QuietServer(uvicorn.Server):
         yield
 
 
-def bind_socket(host: str, port: int) -> socket.socket:
+def bind_socket(host: str, port: int, *, reuse_port: bool = False, listen: bool = True) -> socket.socket:
+    """A bound TCP socket. `reuse_port`: one of several workers' listeners on the port (SO_REUSEPORT);
+    `listen=False` leaves the listen() to the server, so connections reach it only once it serves."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if reuse_port:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     sock.bind((host, port))
-    sock.listen(2048)
+    if listen:
+        sock.listen(2048)
     sock.setblocking(False)
     return sock
 
@@ -169,31 +177,50 @@ class _Signals:
         return task
 
 
-async def _serve(server: _QuietServer, app: KvgateApp) -> int:
+async def _serve(server: _QuietServer, app: KvgateApp, sockets: list[socket.socket] | None = None) -> int:
     loop = asyncio.get_running_loop()
     signals = _Signals(server, app)
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, signals.stop, signum)
     loop.add_signal_handler(signal.SIGHUP, signals.reload)
     try:
-        await server.serve()
+        await server.serve(sockets)
     finally:
         for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             loop.remove_signal_handler(signum)
     return signals.exit_code
 
 
-def serve_forever(config: Config, host: str, port: int, config_file: ConfigFile | None = None) -> int:
+def serve_forever(
+    config: Config,
+    host: str,
+    port: int,
+    config_file: ConfigFile | None = None,
+    slot: WorkerSlot | None = None,
+) -> int:
     """Blocking: run kvgate until it has drained after SIGTERM/SIGINT (module doc); return the exit
     status (0 after a drain). Returns rather than exits, so callers' `finally` blocks run (`kvgate up`
-    stops its simulated fleet there). `config_file` is what SIGHUP and the admin API reload."""
+    stops its simulated fleet there). `config_file` is what SIGHUP and the admin API reload. `slot`:
+    this process is one of several workers (gateway/supervisor.py): it shares the port with its
+    siblings (SO_REUSEPORT) and serves the worker channel (gateway/worker_group.py)."""
     loop = "uvloop"
     try:
         import uvloop  # noqa: F401
     except ImportError:  # pragma: no cover - uvloop is a dependency on every supported platform
         loop = "asyncio"
     configure_logging(config.server)
-    app = KvgateApp(config, config_file=config_file)
-    server = _QuietServer(uvicorn_config(app, config.server.log_level, loop, host=host, port=port))
+    if slot is None:
+        app = KvgateApp(config, config_file=config_file)
+        server = _QuietServer(uvicorn_config(app, config.server.log_level, loop, host=host, port=port))
+        sockets = None
+    else:
+        if not die_with_parent(slot):
+            log.error(
+                "kvgate worker %d: its supervisor (pid %d) is gone; not starting", slot.index, slot.parent
+            )
+            return 1
+        app = KvgateApp(config, config_file=config_file, workers=WorkerGroup(slot))
+        server = _QuietServer(uvicorn_config(app, config.server.log_level, loop))
+        sockets = [bind_socket(host, port, reuse_port=True, listen=False)]
     with asyncio.Runner(loop_factory=server.config.get_loop_factory()) as runner:
-        return runner.run(_serve(server, app))
+        return runner.run(_serve(server, app, sockets))

@@ -172,7 +172,7 @@ class Tenancy:
     def _build_stores(self, config: Config) -> None:
         """The rate-limit store, the usage ledger and the admin changes' sync for `config.state`."""
         self.limiter = RateLimiter(
-            build_store(config.state, self._m, self._clock, self.wall_clock),
+            build_store(config.state, self._m, self._clock, self.wall_clock, config.limit_processes),
             self._m,
             self._clock,
             self.wall_clock,

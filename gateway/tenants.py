@@ -62,9 +62,9 @@ class Tenant:
     """One tenant's policy, compiled once from config, as it applies to one of its keys (`key`; None
     for the tenant itself and for keyless requests). `requests`/`tokens` are the tenant's bucket limits
     (None: unlimited); `buckets` and `quotas` hold the tenant's AND the key's, all of which must
-    pass; `max_concurrency` is what THIS gateway enforces (the configured value split over
-    `state.gateways` when limits are shared through Redis); `max_output_tokens` is the output cap
-    reserved when a request gives no `max_tokens`."""
+    pass; `max_concurrency` is what THIS gateway process enforces (the configured value split over
+    `state.gateways` x `server.workers` processes when limits are shared through Redis);
+    `max_output_tokens` is the output cap reserved when a request gives no `max_tokens`."""
 
     name: str
     band: Band = Band.STANDARD
@@ -162,8 +162,7 @@ class TenantRegistry:
     through the admin API builds a new registry and the gateway swaps it in whole."""
 
     def __init__(self, config: Config, overrides: Overrides = NO_OVERRIDES) -> None:
-        shared = config.state.store != "memory://"
-        share = config.state.gateways if shared else 1
+        share = config.limit_processes
         self.config = config
         self.overrides = overrides
         tenants: list[Tenant] = []

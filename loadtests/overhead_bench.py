@@ -13,6 +13,17 @@ Reported per concurrency: TTFT p50/p99 direct and through kvgate and their diffe
 latency), end-to-end p50, requests/s, and kvgate's CPU per request and per relayed chunk (from
 /proc/<pid>/stat); "chunks relayed per core-second" is chunks relayed / kvgate CPU seconds.
 
+`--pace-ms MS`: the upstream is `loadtests.paced_replica` instead of the simulator: every stream's
+chunks come MS apart (its first at once), as a decoding engine delivers them, so kvgate's cost per
+relayed chunk is measured at the rate real streams arrive (a burst of 32 chunks costs much less per
+chunk than 32 wake-ups). The paced replica and the load generator share core 1.
+
+`--workers N`: kvgate runs as `kvgate serve --workers N` (gateway/supervisor.py), the supervisor
+and every worker pinned to core 0 with the other processes on core 1 (`--gateway-cpus 0,1`: kvgate's
+processes may run on both cores, beside the others); kvgate's CPU is the sum over the supervisor
+and its workers. With `--workers` (1 included, so that 1 and 2 compare alike) the
+limits are shared through a private `redis-server` (on core 1), as several workers require.
+
 `--route`: each through-kvgate run is followed by the same load sent to the route `tiny-route` (one
 target, the same model), so every request is resolved through a route and every chunk of its answer
 has its `model` field rewritten (`"model":"tiny-llama"` -> `"model":"tiny-route"`, gateway/forwarder);
@@ -45,8 +56,8 @@ MODEL = "tiny-llama"
 ROUTE = "tiny-route"
 
 
-def _taskset(core: int) -> list[str]:
-    return ["taskset", "-c", str(core)] if _has_taskset() else []
+def _taskset(cores: int | str) -> list[str]:
+    return ["taskset", "-c", str(cores)] if _has_taskset() else []
 
 
 def _has_taskset() -> bool:
@@ -54,10 +65,20 @@ def _has_taskset() -> bool:
 
 
 def cpu_seconds(pid: int) -> float:
-    """utime + stime of a process, seconds."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    """utime + stime of a process and of its live children (a supervisor's workers), seconds."""
+    total = 0.0
     ticks = os.sysconf("SC_CLK_TCK")
-    return (int(fields[11]) + int(fields[12])) / ticks
+    for p in [pid, *_children(pid)]:
+        fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
+        total += (int(fields[11]) + int(fields[12])) / ticks
+    return total
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        return [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:
+        return []
 
 
 @contextlib.contextmanager
@@ -107,6 +128,8 @@ class Point:
     gw_requests: int
     gw_chunks: int
     label: str = ""
+    wall_s: float = 0.0  # of the through-kvgate runs
+    sim_cpu_s: float = 0.0  # the replica's CPU over them
 
 
 def rewrite_micro(chunks: int = 200_000) -> tuple[float, float]:
@@ -139,7 +162,9 @@ def _pct(results: list[RunResult], attr: str, q: str) -> float:
     return sum(values) / len(values)
 
 
-async def measure(args: argparse.Namespace, sim_url: str, gw_url: str, gw_pid: int) -> list[Point]:
+async def measure(
+    args: argparse.Namespace, sim_url: str, gw_url: str, gw_pid: int, sim_pid: int
+) -> list[Point]:
     await wait_http(gw_url + "/ready")
     with contextlib.suppress(AttributeError, OSError):
         os.sched_setaffinity(0, {1})
@@ -154,19 +179,21 @@ async def measure(args: argparse.Namespace, sim_url: str, gw_url: str, gw_pid: i
         direct: list[RunResult] = []
         through: list[RunResult] = []
         routed: list[RunResult] = []
-        cpu = cpu_routed = 0.0
+        cpu = cpu_routed = sim_cpu = 0.0
         for _ in range(args.repeats):
             direct.append(await run_load(sim_url, list(wl.requests()), load))
-            c0 = cpu_seconds(gw_pid)
+            c0, s0 = cpu_seconds(gw_pid), cpu_seconds(sim_pid)
             through.append(await run_load(gw_url, list(wl.requests()), load))
             cpu += cpu_seconds(gw_pid) - c0
+            sim_cpu += cpu_seconds(sim_pid) - s0
             if args.route:
                 c0 = cpu_seconds(gw_pid)
                 routed.append(await run_load(gw_url, list(routed_wl.requests()), load))
                 cpu_routed += cpu_seconds(gw_pid) - c0
         reqs = sum(len(r.traces) for r in through)
         chunks = sum(t.output_tokens for r in through for t in r.traces)
-        points.append(Point(c, direct, through, cpu, reqs, chunks))
+        wall = sum(r.wall_s for r in through)
+        points.append(Point(c, direct, through, cpu, reqs, chunks, wall_s=wall, sim_cpu_s=sim_cpu))
         print_point(points[-1])
         if args.route:
             reqs = sum(len(r.traces) for r in routed)
@@ -178,24 +205,40 @@ async def measure(args: argparse.Namespace, sim_url: str, gw_url: str, gw_pid: i
 
 def run(args: argparse.Namespace) -> None:
     """Start the replica and kvgate as pinned child processes, measure, stop them."""
-    sim_cmd = [*_taskset(1), sys.executable, "-m", "gateway.cli", "sim", "--replicas", "1", "--port", "0",
-               "--profile", "tiny", "--time-scale", str(args.time_scale)]  # fmt: skip
-    with child(sim_cmd, "http://") as (_, sim_url), tempfile.TemporaryDirectory() as tmp:
+    if args.pace_ms is not None:
+        sim_cmd = [*_taskset(1), sys.executable, "-m", "loadtests.paced_replica", "--port", "0",
+                   "--pace-ms", str(args.pace_ms), "--model", MODEL]  # fmt: skip
+    else:
+        sim_cmd = [*_taskset(1), sys.executable, "-m", "gateway.cli", "sim", "--replicas", "1", "--port", "0",
+                   "--profile", "tiny", "--time-scale", str(args.time_scale)]  # fmt: skip
+    with contextlib.ExitStack() as stack:
+        sim, sim_url = stack.enter_context(child(sim_cmd, "http://"))
+        tmp = stack.enter_context(tempfile.TemporaryDirectory())
         # Flow control off: with one replica and 200 streams it would (by design) hold requests past
         # max_in_flight_per_replica at the gateway; this benchmark measures the proxy's own cost.
         cfg = {"replicas": [{"url": sim_url, "model": MODEL, "name": "r0"}],
                "flow_control": {"enabled": False},
+               "server": {"access_log": False},
                "routes": [{"name": ROUTE, "targets": [{"model": MODEL, "weight": 1}]}]}  # fmt: skip
+        gw_args = []
+        if args.workers is not None:
+            from loadtests.redis_process import RedisServer
+
+            redis = RedisServer()
+            stack.callback(redis.close)
+            redis.start()
+            cfg["state"] = {"store": redis.url}
+            gw_args = ["--workers", str(args.workers)]
         cfg_path = Path(tmp) / "kvgate.yaml"
         cfg_path.write_text(yaml.safe_dump(cfg))
-        gw_cmd = [*_taskset(0), sys.executable, "-m", "gateway.cli", "serve", "--config", str(cfg_path),
-                  "--port", str(args.gateway_port)]  # fmt: skip
+        gw_cmd = [*_taskset(args.gateway_cpus), sys.executable, "-m", "gateway.cli", "serve",
+                  "--config", str(cfg_path), "--port", str(args.gateway_port), *gw_args]  # fmt: skip
         gw = subprocess.Popen(gw_cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
-            asyncio.run(measure(args, sim_url, f"http://127.0.0.1:{args.gateway_port}", gw.pid))
+            asyncio.run(measure(args, sim_url, f"http://127.0.0.1:{args.gateway_port}", gw.pid, sim.pid))
         finally:
             gw.terminate()
-            gw.wait(10)
+            gw.wait(30)
 
 
 def print_point(p: Point) -> None:
@@ -219,6 +262,14 @@ def print_point(p: Point) -> None:
         f"| {rps_d:.0f} / {rps_g:.0f} | {cpu_req:.0f} | {per_core:,.0f} | {errors} {kinds or ''} |",
         flush=True,
     )
+    if p.wall_s > 0:
+        loadgen = sum(r.loadgen.cpu_s for r in p.gateway)
+        print(
+            f"  through kvgate: kvgate {p.gw_cpu_s / p.wall_s:.2f} cores, replica "
+            f"{p.sim_cpu_s / p.wall_s:.2f}, load generator {loadgen / p.wall_s:.2f}; "
+            f"{p.gw_chunks / p.wall_s:,.0f} chunks/s",
+            flush=True,
+        )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -232,6 +283,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-seconds", type=float, default=120.0)
     p.add_argument("--gateway-port", type=int, default=18080)
     p.add_argument("--route", action="store_true", help="also send each load to a route (model rewrite on)")
+    p.add_argument("--pace-ms", type=float, default=None,
+                   help="chunks this many ms apart (loadtests.paced_replica), not the simulator")
+    p.add_argument("--gateway-cpus", default="0",
+                   help="CPUs kvgate may run on (taskset list; default 0; the others use 1)")  # fmt: skip
+    p.add_argument("--workers", type=int, default=None,
+                   help="kvgate serve --workers N (limits in a private redis-server)")  # fmt: skip
     args = p.parse_args(argv)
     if args.route:
         plain, rewriting = rewrite_micro()

@@ -43,6 +43,9 @@ def run(args: argparse.Namespace) -> int:
     except ConfigError as err:
         print(f"kvgate: invalid config {args.config}:\n{err}", file=sys.stderr)
         return 2
+    if config.server.workers > 1:
+        print("kvgate up: runs one process; use `kvgate serve` for server.workers > 1", file=sys.stderr)
+        return 2
     sim = _simulator(config, args)
     host = args.host or config.server.host
     port = args.port if args.port is not None else config.server.port

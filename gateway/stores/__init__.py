@@ -45,9 +45,12 @@ def build_store(
     metrics: GatewayMetrics,
     clock: Callable[[], float],
     wall_clock: Callable[[], float] = time.time,
+    processes: int = 1,
 ) -> BucketStore:
-    """The store `state.store` names. A Redis store comes wrapped in the fail-open/closed policy.
-    `clock` (monotonic) refills memory buckets; `wall_clock` ages quota counters."""
+    """The store `state.store` names. A Redis store comes wrapped in the fail-open/closed policy,
+    each of the `processes` sharing the limits (`Config.limit_processes`) keeping 1/processes of
+    them while Redis is down. `clock` (monotonic) refills memory buckets; `wall_clock` ages quota
+    counters."""
     if state.store == "memory://":
         metrics.store_up.set(1)
         return MemoryBucketStore(clock, wall_clock=wall_clock)
@@ -61,7 +64,7 @@ def build_store(
         remote,
         MemoryBucketStore(clock, source=LOCAL, wall_clock=wall_clock),
         fail_open=state.on_store_error == "open",
-        share=1.0 / state.gateways,
+        share=1.0 / processes,
         timeout_s=state.timeout_s,
         probe_min_s=state.probe_min_s,
         probe_max_s=state.probe_max_s,

@@ -8,7 +8,8 @@
   `probe_max_s`), so N gateways do not hammer a recovering server. The first good PING reloads the
   script and marks the store UP again.
 - Fail-open (`on_store_error: open`): takes go to local in-memory buckets holding this gateway's
-  share of each limit (`1 / state.gateways` of both the capacity and the refill), so N gateways
+  share of each limit (`1 / (state.gateways x server.workers)` of both the capacity and the
+  refill: every process sharing the limits is one share), so the N gateway processes
   together still admit about one limit. Quota counters likewise: a local counter per window holding
   this gateway's share of what was left of the quota when this gateway last saw the shared counter
   (`(limit - used last seen) / gateways`; the whole limit's share for a counter never seen), so

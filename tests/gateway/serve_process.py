@@ -17,7 +17,7 @@ import os
 import socket
 import sys
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -43,7 +43,9 @@ class KvgateProcess:
     _log: IO[bytes]
 
     @classmethod
-    async def start(cls, tmp_path: Path, config: Mapping[str, Any], timeout: float = 30.0) -> KvgateProcess:
+    async def start(
+        cls, tmp_path: Path, config: Mapping[str, Any], timeout: float = 30.0, args: Sequence[str] = ()
+    ) -> KvgateProcess:
         port = free_port()
         config_path = tmp_path / "kvgate.yaml"
         cfg = dict(config)
@@ -52,7 +54,7 @@ class KvgateProcess:
         log_path = tmp_path / "kvgate.log"
         log = log_path.open("wb")
         proc = await asyncio.create_subprocess_exec(
-            *[sys.executable, "-m", "gateway.cli", "serve", "--config", str(config_path)],
+            *[sys.executable, "-m", "gateway.cli", "serve", "--config", str(config_path), *args],
             stdout=log,
             stderr=asyncio.subprocess.STDOUT,
             cwd=ROOT,
