@@ -66,7 +66,13 @@ async def stack(
                 {"url": u, "model": model, "name": f"r{i}", **extra.get(f"r{i}", {})}
                 for i, u in enumerate(fleet.urls)
             ],
-            "fleet": {"scrape_interval_s": 0.05, "health_interval_s": 0.1, "models_poll_interval_s": 0.2},
+            # Health and scrape answers share the one loop with the test's own load: on a busy 2-core
+            # machine a 0.5 s timeout ejected both replicas in the middle of a 23,000-request test.
+            # Tests about timeouts set their own.
+            "fleet": {
+                "scrape_interval_s": 0.05, "health_interval_s": 0.1, "models_poll_interval_s": 0.2,
+                "scrape_timeout_s": 2.0, "health_timeout_s": 3.0,
+            },
             # Connecting is fast on loopback, but all of the test runs in one loop on a small machine.
             "upstream": {"connect_timeout_s": 3, "first_byte_timeout_s": 10, "chunk_timeout_s": 5},
             "server": {"debug_headers": True},
