@@ -61,7 +61,7 @@ _SPECS: dict[str, dict[str, Any]] = {
             {"type": "lora-locality", "weight": 1.0},
             {"type": "session-affinity", "weight": 1.0},
         ],
-        "picker": {"type": "near-best", "params": {"margin": 0.5, "hash_blocks": 4}},
+        "picker": {"type": "near-best", "params": {"margin": 0.25, "hash_blocks": 4}},
     },
     "round-robin": {
         "filters": [*_BASE_FILTERS],
