@@ -21,7 +21,10 @@ gateway `Config` and calls them as the live request path does (`gateway/proxy.py
 Not modelled: authentication, rate limits and flow control (admission runs before routing and holds
 or refuses requests; see the run's docs), health checks and failover (simulated replicas never fail).
 
-Times are virtual seconds from the run's clock. One run owns one model; not thread-safe.
+Several gateway processes are several `GatewayModel`s over the same replicas (`loadtests.des.gateways`),
+each with its own `Router` (prefix index, session map) and `FleetState` (in-flight ledger, scrapes).
+
+Times are virtual seconds from the run's clock. One run owns its models; not thread-safe.
 """
 
 from __future__ import annotations
