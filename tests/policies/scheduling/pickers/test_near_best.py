@@ -13,10 +13,10 @@ from tests.policies.scheduling.builders import context, names, replica
 CANDIDATES = [replica(n) for n in ("a", "b", "c", "d", "e", "f", "g", "h")]
 
 
-def with_keys(keys: tuple[int, ...]) -> SchedulingContext:
+def with_keys(keys: tuple[int, ...], match: dict[str, int] | None = None) -> SchedulingContext:
     info = RequestInfo(model="m", base_model="m", adapter=None, prompt_tokens=100, max_tokens=10,
                        prefix_keys=keys)
-    return SchedulingContext(request=info, now=0.0, prefix_match={}, prefix_blocks=len(keys))
+    return SchedulingContext(request=info, now=0.0, prefix_match=match or {}, prefix_blocks=len(keys))
 
 
 def test_spreads_among_near_equal_candidates_and_is_reproducible_with_a_seeded_rng() -> None:
@@ -85,3 +85,15 @@ def test_single_empty_and_bad_params() -> None:
         build_profile({"picker": {"type": "near-best", "params": {"hash_blocks": -1}}})
     built = build_profile({"picker": {"type": "near-best", "params": {"margin": 1, "hash_blocks": 0}}})
     assert built.picker == NearBestPicker(margin=1.0, hash_blocks=0)
+
+
+def test_among_replicas_that_hold_the_prefix_the_rng_spreads_its_requests() -> None:
+    # Once this gateway believes near-best replicas hold the prompt, hashing would send every near-tie
+    # of the group to one of them; the rng spreads them as max-score's tie-break did.
+    totals = [4.0, 4.0, 4.0, 0.5, 0.0, 0.0, 0.0, 0.0]
+    held = with_keys((5, 6, 7), match={"a": 3, "b": 3, "c": 3})
+    picker = NearBestPicker(margin=0.25)
+    wins = Counter(picker.pick(held, CANDIDATES, totals, random.Random(s))[0].name for s in range(60))
+    assert set(wins) == {"a", "b", "c"}
+    cold = with_keys((5, 6, 7))
+    assert len({picker.pick(cold, CANDIDATES, totals, random.Random(s))[0].name for s in range(60)}) == 1
