@@ -5,7 +5,9 @@ index, in-flight ledger and scrape phases; requests spread round robin), for eac
 gateway count and seed, with two pickers on the same request stream in the same run:
 
 - `default`: kvgate's default profile (its `near-best` picker, the anti-herding fix);
-- `max-score`: the same profile with the `max-score` picker it had before.
+- `max-score`: the same profile with the `max-score` picker it had before;
+- with `--with-random`, `near-best-random`: the fix without its prefix hash (`hash_blocks: 0`: the
+  winner among the near-best always drawn by the rng), to see what the hash adds.
 
 Each case is one `loadtests.des_cli` run (its workload factory, warm-up and load semantics): the
 `--warmup-fraction` share of the requests unmeasured, then one closed-loop point at
@@ -34,7 +36,8 @@ import yaml
 from loadtests import des_cli
 from policies.scheduling.builtin_profiles import builtin_profile_spec
 
-FIX, BEFORE = "default", "max-score"
+FIX, BEFORE, RANDOM = "default", "max-score", "near-best-random"
+LABELS = {BEFORE: "max-score (before)", RANDOM: "near-best, rng only", FIX: "near-best (fix)"}
 # (record key, label, higher is better)
 FIGURES: tuple[tuple[str, str, bool], ...] = (
     ("prefix_hit_rate", "hit rate", True),
@@ -63,7 +66,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--turns", type=int, default=4, help="multi-turn")
     p.add_argument("--output-tokens", type=int, default=64)
     p.add_argument("--spread", choices=("round-robin", "random"), default="round-robin")
-    p.add_argument("--ledger", choices=("local", "shared"), default="local")
+    p.add_argument("--ledger", choices=("local", "shared"), default="local",
+                   help="shared: every gateway counts every dispatch at once (a what-if)")
+    p.add_argument("--with-random", action="store_true", help="also run near-best-random")
     p.add_argument("--slo", default="ttft=250ms,tpot=50ms", help="goodput thresholds")
     p.add_argument("--out", type=Path, default=None, help="append result records here (JSON lines)")
     p.add_argument("--summarize", type=Path, default=None, help="print the tables of FILE and exit")
@@ -75,10 +80,14 @@ def _ints(text: str) -> list[int]:
 
 
 def gateway_config() -> dict[str, Any]:
-    """A gateway config adding `max-score`: the default profile with the picker it had before."""
+    """A gateway config adding `max-score` (the default profile with the picker it had before) and
+    `near-best-random` (the default profile, its picker without the prefix hash)."""
     before = builtin_profile_spec("default")
     before["picker"] = {"type": "max-score"}
-    return {"scheduling": {"profiles": {BEFORE: before}}}
+    rng_only = builtin_profile_spec("default")
+    params = {**rng_only["picker"].get("params", {}), "hash_blocks": 0}
+    rng_only["picker"] = {"type": "near-best", "params": params}
+    return {"scheduling": {"profiles": {BEFORE: before, RANDOM: rng_only}}}
 
 
 def case_argv(args: argparse.Namespace, replicas: int, workload: str, gateways: int, seed: int,
@@ -94,7 +103,8 @@ def case_argv(args: argparse.Namespace, replicas: int, workload: str, gateways: 
         "--requests", str(requests), "--warmup-requests", str(int(requests * args.warmup_fraction)),
         "--concurrency", str(args.concurrency_per_replica * replicas),
         "--gateways", str(gateways), "--spread", args.spread, "--ledger", args.ledger,
-        "--policy", f"{FIX},{BEFORE}", "--gateway-config", str(config), "--slo", args.slo,
+        "--policy", f"{FIX},{BEFORE}" + (f",{RANDOM}" if args.with_random else ""),
+        "--gateway-config", str(config), "--slo", args.slo,
         "--seed", str(seed), "--no-progress",
     ]  # fmt: skip
     if workload == "shared-prefix":
@@ -147,7 +157,8 @@ def _fmt(key: str, value: float | None) -> str:
 
 
 def summarize(rows: Iterable[dict[str, Any]]) -> str:
-    """Markdown tables: figures per picker (median, worst seed) and the fix's ratios to `max-score`."""
+    """Markdown tables: figures per picker (median, worst seed) and each picker's ratios to
+    `max-score`, seed by seed (median, worst)."""
     cases: dict[tuple[int, str], dict[int, dict[str, dict[int, dict[str, Any]]]]] = defaultdict(
         lambda: defaultdict(lambda: defaultdict(dict))
     )
@@ -161,18 +172,18 @@ def summarize(rows: Iterable[dict[str, Any]]) -> str:
         out.append(f"| gateways | picker | seeds | {head} | {ratios} |")
         out.append("|" + "---|" * (3 + 2 * len(FIGURES)))
         for n, by_policy in sorted(by_n.items()):
-            for policy in (BEFORE, FIX):
+            for policy in (BEFORE, RANDOM, FIX):
                 seeds = by_policy.get(policy, {})
                 if not seeds:
                     continue
                 cells = [_cell(key, [s[key] for s in seeds.values()], better) for key, _, better in FIGURES]
-                if policy == FIX:
+                if policy != BEFORE:
                     ratio_cells = [_ratio_cell(key, seeds, by_policy.get(BEFORE, {}), better)
                                    for key, _, better in FIGURES]  # fmt: skip
                 else:
                     ratio_cells = [""] * len(FIGURES)
-                name = "near-best (fix)" if policy == FIX else "max-score (before)"
-                out.append(f"| {n} | {name} | {len(seeds)} | " + " | ".join(cells + ratio_cells) + " |")
+                row_cells = " | ".join(cells + ratio_cells)
+                out.append(f"| {n} | {LABELS[policy]} | {len(seeds)} | {row_cells} |")
     return "\n".join(out)
 
 

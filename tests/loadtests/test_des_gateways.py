@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from loadtests.des_gateways import BEFORE, FIX, gateway_config, main, summarize
+from loadtests.des_gateways import BEFORE, FIX, RANDOM, gateway_config, main, summarize
 from policies.scheduling.builtin_profiles import builtin_profile_spec
 
 pytestmark = pytest.mark.timeout(120)
@@ -17,11 +17,13 @@ def row(gateways: int, policy: str, seed: int, hit: float, ttft: float) -> dict[
 
 
 def test_the_unfixed_profile_differs_from_the_default_only_in_its_picker() -> None:
-    before = gateway_config()["scheduling"]["profiles"][BEFORE]
+    profiles = gateway_config()["scheduling"]["profiles"]
+    before, rng_only = profiles[BEFORE], profiles[RANDOM]
     default = builtin_profile_spec("default")
     assert before["picker"] == {"type": "max-score"} and default["picker"]["type"] == "near-best"
-    del before["picker"], default["picker"]
-    assert before == default
+    assert rng_only["picker"]["params"] == {**default["picker"]["params"], "hash_blocks": 0}
+    del before["picker"], default["picker"], rng_only["picker"]
+    assert before == default == rng_only
 
 
 def test_summary_gives_median_and_worst_seed_and_per_seed_ratios() -> None:
