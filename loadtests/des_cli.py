@@ -14,6 +14,11 @@ stream, the same slices for every policy (as `kvgate bench` does). Every time an
 simulated seconds. Writes `results.json` (the bench's schema; records add `driver: "des"` and a `des`
 object: wall/CPU time, events, per-replica hit rates, ...), `summary.md` and the plots to `--out`,
 and prints one line per run.
+
+`--gateways N` puts N gateway processes in front of the fleet, each with its own prefix index,
+in-flight ledger and scrapes (`loadtests.des.gateways`; `--spread`, `--scrape-delay`,
+`--scrape-phases`, `--ledger`); each line then adds the fleet's in-flight skew p99 (herding).
+`python -m loadtests.des_gateways` sweeps gateway counts with it.
 """
 
 from __future__ import annotations
