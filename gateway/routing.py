@@ -30,6 +30,7 @@ from policies.exact_index import ExactIndex
 from policies.exact_keys import lazy_request_keys, pack_tokens
 from policies.prefix import TOKEN_ID_BYTES, byte_block_keys, seed_for
 from policies.prefix_index import PrefixIndex
+from policies.prefix_source import PrefixSource
 from policies.prompt_text import batch_prompts, canonical_chat_bytes, canonical_completion_bytes
 from policies.scheduling.builtin_profiles import BUILTIN_PROFILE_NAMES, builtin_profile_spec
 from policies.scheduling.context import SchedulingContext
@@ -90,16 +91,21 @@ def _build_profiles(config: Config) -> dict[str, SchedulingProfile]:
 
 
 class Router:
-    """Owns the prefix index and the session map; one per Gateway, one event loop."""
+    """Owns the prefix index and the session map; one per Gateway, one event loop.
 
-    def __init__(self, config: Config, rng: random.Random) -> None:
+    `index` replaces the approximate `PrefixIndex` the router builds from `scheduling.prefix_index`
+    (any `PrefixSource`: the discrete-event mode gives each simulated gateway its own, and an exact,
+    event-fed source can stand in for it).
+    """
+
+    def __init__(self, config: Config, rng: random.Random, index: PrefixSource | None = None) -> None:
         sched = config.scheduling
         self._config = config
         self.profiles: dict[str, SchedulingProfile] = _build_profiles(config)
         self.profile = self.profiles[sched.profile]
         self.profile_name = sched.profile
         self.index_block_tokens = sched.prefix_index.block_tokens
-        self.index = PrefixIndex(
+        self.index: PrefixSource = index if index is not None else PrefixIndex(
             default_capacity=max(1, sched.prefix_index.default_capacity_tokens // self.index_block_tokens)
         )
         self._rng = rng

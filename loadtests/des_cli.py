@@ -14,6 +14,11 @@ stream, the same slices for every policy (as `kvgate bench` does). Every time an
 simulated seconds. Writes `results.json` (the bench's schema; records add `driver: "des"` and a `des`
 object: wall/CPU time, events, per-replica hit rates, ...), `summary.md` and the plots to `--out`,
 and prints one line per run.
+
+`--gateways N` puts N gateway processes in front of the fleet, each with its own prefix index,
+in-flight ledger and scrapes (`loadtests.des.gateways`; `--spread`, `--scrape-delay`,
+`--scrape-phases`, `--ledger`); each line then adds the fleet's in-flight skew p99 (herding).
+`python -m loadtests.des_gateways` sweeps gateway counts with it.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from loadtests.des import DesConfig, FleetSpec, Simulation
+from loadtests.des.gateways import LEDGERS, SCRAPE_PHASES, SPREADS, GatewayViews
 from loadtests.des.outcome import DesResult
 from loadtests.measures import RequestTrace
 from loadtests.report import write_report
@@ -75,6 +81,18 @@ def build_parser() -> argparse.ArgumentParser:
                     help="simulated seconds between scrapes of a replica (default: the config's, 0.2)")
     gw.add_argument("--gateway-overhead-ms", type=float, default=0.0,
                     help="fixed gateway delay per request, simulated ms (default 0; no network delay)")
+    gw.add_argument("--gateways", type=int, default=1,
+                    help="gateway processes in front of the fleet, each with its own prefix index, "
+                         "in-flight ledger and scrapes (default 1)")
+    gw.add_argument("--spread", choices=SPREADS, default="round-robin",
+                    help="how requests reach the gateways (default round-robin)")
+    gw.add_argument("--scrape-delay", type=float, default=0.0,
+                    help="simulated seconds between a replica's numbers and the gateway seeing them")
+    gw.add_argument("--scrape-phases", choices=SCRAPE_PHASES, default="independent",
+                    help="each gateway scrapes at its own phases (independent) or all at once (aligned)")
+    gw.add_argument("--ledger", choices=LEDGERS, default="local",
+                    help="in-flight counts a gateway knows: its own (local, as live) or every gateway's "
+                         "(shared: a what-if)")
     wl = p.add_argument_group("workload (lengths in tokens)")
     wl.add_argument("--workload", choices=sorted(WORKLOAD_TYPES), default="shared-prefix")
     wl.add_argument("--system-prompt-tokens", type=int, default=2048)
@@ -165,8 +183,14 @@ def _gateway_base(path: Path | None) -> Any:
     return load_checked(path)
 
 
+def gateway_views(args: argparse.Namespace) -> GatewayViews:
+    return GatewayViews(gateways=args.gateways, spread=args.spread, scrape_delay_s=args.scrape_delay,
+                        scrape_phases=args.scrape_phases, ledger=args.ledger)  # fmt: skip
+
+
 def run(args: argparse.Namespace, command: str) -> list[dict[str, Any]]:
     fleet = fleet_spec(args)
+    views = gateway_views(args)
     slo = parse_slo(args.slo) if args.slo else None
     closed = _points(args.concurrency, int) or ([] if args.rate else [16.0])
     rates = _points(args.rate, float)
@@ -181,7 +205,7 @@ def run(args: argparse.Namespace, command: str) -> list[dict[str, Any]]:
             config = DesConfig(fleet, policy=policy, gateway=base, tokenizer=args.tokenizer,
                                scrape_interval_s=args.scrape_interval,
                                gateway_overhead_s=args.gateway_overhead_ms / 1e3,
-                               record_chunks=args.chunk_times, seed=args.seed)  # fmt: skip
+                               record_chunks=args.chunk_times, seed=args.seed, views=views)  # fmt: skip
             sim = Simulation(config)
             stream = iter(workload.requests())
             if args.warmup_requests:
@@ -226,11 +250,15 @@ def _line(record: dict[str, Any], result: DesResult) -> str:
         return "-" if v is None else f"{v:.3f}s"
 
     hit = record["prefix_hit_rate"]
+    p99 = des["in_flight_skew"]["p99"]
+    skew = "-" if p99 is None else f"{p99:.1f}"
+    gateways = f", {des['gateways']} gateways" if des["gateways"] > 1 else ""
     return (
         f"{record['policy']:>13} {record['workload']} {load}: {record['completed']}/{record['requests']} ok, "
         f"TTFT p50 {s(record['ttft_p50_s'])} p90 {s(record['ttft_p90_s'])}, "
         f"TPOT p90 {s(record['tpot_p90_s'])}, "
-        f"{record['output_tok_s']:.0f} tok/s, hit rate {'-' if hit is None else f'{hit:.1%}'}; "
+        f"{record['output_tok_s']:.0f} tok/s, hit rate {'-' if hit is None else f'{hit:.1%}'}{gateways}, "
+        f"in-flight skew p99 {skew}; "
         f"wall {des['wall_s']:.1f}s (CPU {des['cpu_s']:.1f}s), {des['events']} events "
         f"({result.events_per_s:.0f}/s), {des['virtual_s']:.1f} simulated s, "
         f"peak RSS {des['peak_rss_mb']:.0f} MB"

@@ -32,6 +32,7 @@ from loadtests.workloads import (
     SharedPrefixWorkload,
     Workload,
 )
+from policies.scheduling.builtin_profiles import builtin_profile_spec
 from simulator.profiles import get_profile
 
 BASELINE_POLICIES: tuple[str, ...] = ("round-robin", "least-loaded", "prefix-only", "default")
@@ -298,7 +299,8 @@ class DefaultWeights:
         """The profile spec (config `scheduling.profiles` form): the built-ins' membership and hard
         filters, `fresh`, then kv-full and load-guard as set; the three weighted scorers (a zero
         weight leaves the scorer out), then lora-locality and session-affinity at weight 1; the
-        max-score picker."""
+        built-in default's picker (`max-score` when the weights were chosen, `near-best` since:
+        docs/benchmarks.md, "Hit rate and goodput vs number of gateways")."""
         filters: list[dict[str, Any]] = [
             {"type": "in-service"}, {"type": "healthy"}, {"type": "serves-model"}, {"type": "serves-adapter"},
             {"type": "slow-start"}, {"type": "in-flight-cap"}, {"type": "fresh"},
@@ -315,7 +317,7 @@ class DefaultWeights:
         weighted = (("prefix-affinity", self.prefix), ("queue-depth", self.queue), ("kv-headroom", self.kv))
         scorers = [{"type": t, "weight": float(w)} for t, w in weighted if w]
         scorers += [{"type": "lora-locality", "weight": 1.0}, {"type": "session-affinity", "weight": 1.0}]
-        return {"filters": filters, "scorers": scorers, "picker": {"type": "max-score"}}
+        return {"filters": filters, "scorers": scorers, "picker": builtin_profile_spec("default")["picker"]}
 
 
 # Candidate variants of the default profile, compared by the `weights` preset (docs/benchmarks.md,

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from gateway.config import Config
 from loadtests.des.fleet import FleetSpec
+from loadtests.des.gateways import GatewayViews
 
 AUTO_CHUNK_REQUESTS = 20_000
 """`record_chunks=None` keeps per-token chunk times when the run's request count is known (`max_requests`,
@@ -23,8 +24,9 @@ class DesConfig:
     models settings apply; its replicas are replaced by the simulated ones. `tokenizer` ("none" or
     "sim") and `scrape_interval_s` / `stale_after_s` (virtual seconds) override it when set.
     `record_chunks`: keep every token time in the traces (None: when the run's request count is known
-    and at most `AUTO_CHUNK_REQUESTS`; see `loadtests.des.traces`). `seed` seeds routing ties and
-    scrape phases.
+    and at most `AUTO_CHUNK_REQUESTS`; see `loadtests.des.traces`). `seed` seeds routing ties,
+    scrape phases and the spread of requests over gateways. `views`: how many gateways stand in
+    front of the fleet and what each sees (`loadtests.des.gateways`; one gateway by default).
     """
 
     fleet: FleetSpec
@@ -36,6 +38,7 @@ class DesConfig:
     gateway_overhead_s: float = 0.0
     record_chunks: bool | None = None
     seed: int = 0
+    views: GatewayViews = field(default_factory=GatewayViews)
 
     def __post_init__(self) -> None:
         if self.gateway_overhead_s < 0:

@@ -21,7 +21,10 @@ gateway `Config` and calls them as the live request path does (`gateway/proxy.py
 Not modelled: authentication, rate limits and flow control (admission runs before routing and holds
 or refuses requests; see the run's docs), health checks and failover (simulated replicas never fail).
 
-Times are virtual seconds from the run's clock. One run owns one model; not thread-safe.
+Several gateway processes are several `GatewayModel`s over the same replicas (`loadtests.des.gateways`),
+each with its own `Router` (prefix index, session map) and `FleetState` (in-flight ledger, scrapes).
+
+Times are virtual seconds from the run's clock. One run owns its models; not thread-safe.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ from gateway.request_parse import Endpoint
 from gateway.routing import PromptFacts, Router
 from policies.prefix import seed_for, token_block_keys
 from policies.prefix_index import capacity_blocks
+from policies.prefix_source import PrefixSource
 from policies.types import RequestInfo
 from simulator.engine import EngineStats
 
@@ -58,12 +62,14 @@ class RouteError(Exception):
 @dataclass(frozen=True, slots=True)
 class Routed:
     """One routing decision: the winner's index (in `GatewayModel.names` order), the request as the
-    policies saw it, and the tokens counted in flight (prompt estimate + output cap)."""
+    policies saw it, the tokens counted in flight (prompt estimate + output cap), and the number of
+    the gateway that decided it."""
 
     replica: int
     info: RequestInfo
     tokens: int
     matched_blocks: int  # leading index blocks the winner was believed to hold
+    gateway: int = 0
 
 
 def gateway_config(
@@ -110,16 +116,21 @@ def gateway_config(
 class GatewayModel:
     """The live gateway's routing state and decisions over simulated replicas (module docstring).
 
-    `names` are the replicas in config order; `clock()` is the run's virtual clock; `rng` breaks
-    routing ties (the live gateway seeds it from `scheduling.seed`).
+    `names` are the replicas in config order; `clock()` is the run's virtual clock; `rng` is the
+    scheduling profile's random source (the live gateway seeds it from `scheduling.seed`). `index`
+    replaces the router's own approximate prefix index (see `policies.prefix_source`); `number` names
+    this gateway among several (`loadtests.des.gateways`).
     """
 
-    def __init__(self, config: Config, clock: Callable[[], float], rng: random.Random) -> None:
+    def __init__(self, config: Config, clock: Callable[[], float], rng: random.Random,
+                 index: PrefixSource | None = None, number: int = 0) -> None:  # fmt: skip
         self.config = config
+        self.number = number
+        self.routed = 0  # requests this gateway routed
         self.names: tuple[str, ...] = tuple(r.display_name for r in config.replicas)
         self._index_of = {name: i for i, name in enumerate(self.names)}
         self.fleet = FleetState(config.replicas, config.fleet, clock)
-        self.router = Router(config, rng)
+        self.router = Router(config, rng, index)
         self._clock = clock
         self._session_header = config.scheduling.session_header.lower()
         self._token_blocks = {m.name for m in config.models if m.tokenizer == "sim"}
@@ -138,19 +149,11 @@ class GatewayModel:
 
     def scrape(self, replica: int, stats: EngineStats) -> None:
         """A good `/metrics` scrape of `replica` whose engine reports `stats` now."""
-        metrics = ReplicaMetrics(
-            running=stats.num_running,
-            waiting=stats.num_waiting,
-            kv_usage=stats.kv_cache_usage,
-            prefix_queries_tokens=stats.prefix_cache_queries_tokens,
-            prefix_hits_tokens=stats.prefix_cache_hits_tokens,
-            preemptions=stats.num_preemptions,
-            block_size=stats.block_size,
-            num_gpu_blocks=stats.num_gpu_blocks,
-            max_loras=stats.max_loras or None,
-            running_adapters=stats.running_adapters,
-            waiting_adapters=stats.waiting_adapters,
-        )
+        self.record_metrics(replica, replica_metrics(stats))
+
+    def record_metrics(self, replica: int, metrics: ReplicaMetrics) -> None:
+        """A good `/metrics` scrape of `replica` reaches the gateway now with `metrics` (perhaps read
+        earlier: a scrape's delay)."""
         self.fleet.record_scrape(self.names[replica], metrics)
 
     def _on_fleet_change(self, replica: str, change: FleetChange) -> None:
@@ -217,11 +220,34 @@ class GatewayModel:
         tokens = info.reserved_tokens
         self.fleet.dispatched(winner, tokens)
         self.router.dispatched(info, winner)
-        return Routed(self._index_of[winner], info, tokens, int(routed.match.get(winner, 0)))
+        self.routed += 1
+        return Routed(self._index_of[winner], info, tokens, int(routed.match.get(winner, 0)), self.number)
+
+    def count_dispatch(self, routed: Routed) -> None:
+        """Another gateway's dispatch `routed`, counted in this gateway's ledger (a shared ledger);
+        pair with `finished(routed)`. The prefix index does not learn from it."""
+        self.fleet.dispatched(self.names[routed.replica], routed.tokens)
 
     def finished(self, routed: Routed) -> None:
         """The response of `routed` ended (whatever the outcome): in-flight - 1."""
         self.fleet.finished(self.names[routed.replica], routed.tokens)
+
+
+def replica_metrics(stats: EngineStats) -> ReplicaMetrics:
+    """What a `/metrics` scrape of an engine reporting `stats` gives the gateway."""
+    return ReplicaMetrics(
+        running=stats.num_running,
+        waiting=stats.num_waiting,
+        kv_usage=stats.kv_cache_usage,
+        prefix_queries_tokens=stats.prefix_cache_queries_tokens,
+        prefix_hits_tokens=stats.prefix_cache_hits_tokens,
+        preemptions=stats.num_preemptions,
+        block_size=stats.block_size,
+        num_gpu_blocks=stats.num_gpu_blocks,
+        max_loras=stats.max_loras or None,
+        running_adapters=stats.running_adapters,
+        waiting_adapters=stats.waiting_adapters,
+    )
 
 
 def _token_facts(ids: Sequence[int], block_tokens: int, seed: int) -> PromptFacts:

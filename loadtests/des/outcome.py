@@ -12,7 +12,15 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from loadtests.des.config import DesConfig
-from loadtests.measures import FleetDelta, LatencyStats, LoadgenUsage, Measures, RequestTrace, summarize
+from loadtests.measures import (
+    FleetDelta,
+    LatencyStats,
+    LoadgenUsage,
+    Measures,
+    RequestTrace,
+    percentile,
+    summarize,
+)
 from loadtests.results import make_record
 from loadtests.runner import LoadConfig
 from loadtests.slo import Slo
@@ -47,6 +55,31 @@ class DesTimings:
 
 
 @dataclass(frozen=True, slots=True)
+class SkewStats:
+    """The fleet's in-flight skew over a run: at each dispatch, the busiest replica's true in-flight
+    count (every gateway's requests) minus the fleet's mean, in requests. Herding shows as a high
+    p99 and max: gateways that cannot see each other's dispatches piling onto one replica between
+    scrapes. All None when nothing was dispatched."""
+
+    samples: int
+    mean: float | None
+    p50: float | None
+    p99: float | None
+    max: float | None
+
+    @classmethod
+    def of(cls, samples: list[float]) -> SkewStats:
+        if not samples:
+            return cls(0, None, None, None, None)
+        ordered = sorted(samples)
+        mean = sum(ordered) / len(ordered)
+        return cls(len(ordered), mean, percentile(ordered, 50), percentile(ordered, 99), ordered[-1])
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"samples": self.samples, "mean": self.mean, "p50": self.p50, "p99": self.p99, "max": self.max}
+
+
+@dataclass(frozen=True, slots=True)
 class DesResult:
     """One simulated load point. Times in traces are virtual seconds from 0; `warmup_end` likewise.
 
@@ -55,6 +88,8 @@ class DesResult:
     deadline (not in `traces`). `events` counts processed events; `wall_s`/`cpu_s` are the run's
     wall and process CPU seconds; `virtual_s` the simulated span; `peak_rss_bytes` the process's peak
     resident memory at the end (it includes whatever the process held before the run).
+    `in_flight_skew` measures herding (`SkewStats`); `gateway_requests` counts the requests each
+    gateway routed.
     """
 
     config: DesConfig
@@ -74,6 +109,8 @@ class DesResult:
     timings: DesTimings
     tokens_encoded: int
     prompt_tokens: int
+    in_flight_skew: SkewStats = SkewStats(0, None, None, None, None)
+    gateway_requests: tuple[int, ...] = ()
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -104,6 +141,12 @@ class DesResult:
             "virtual_s": self.virtual_s,
             "peak_rss_mb": self.peak_rss_bytes / 2**20,
             "gateway_overhead_s": self.config.gateway_overhead_s,
+            "gateways": self.config.views.gateways,
+            "views": {"spread": self.config.views.spread, "ledger": self.config.views.ledger,
+                      "scrape_phases": self.config.views.scrape_phases,
+                      "scrape_delay_s": self.config.views.scrape_delay_s, "index": self.config.views.index},
+            "gateway_requests": list(self.gateway_requests),
+            "in_flight_skew": self.in_flight_skew.as_dict(),
             "chunk_times": self.itl is None,
             "prompt_tokens": self.prompt_tokens,
             "tokens_encoded": self.tokens_encoded,

@@ -16,7 +16,8 @@ from loadtests.des.arrivals import LoadClients
 from loadtests.des.config import DesConfig
 from loadtests.des.events import EventQueue
 from loadtests.des.fleet import SimReplica
-from loadtests.des.outcome import DesResult, DesTimings, ReplicaReport
+from loadtests.des.gateways import Gateways
+from loadtests.des.outcome import DesResult, DesTimings, ReplicaReport, SkewStats
 from loadtests.des.prompts import PromptTokenizer
 from loadtests.des.traces import ItlHistogram, OpenRequest
 from loadtests.measures import FleetDelta, RequestTrace
@@ -36,17 +37,17 @@ class LoadPoint:
     """One load point in progress. The `Simulation` reads and writes its fields directly: `open`
     (requests in flight by engine id), `traces` (ended, in end order), `itl` (gaps when chunk times
     are not kept), `timeouts` (a heap of (deadline, seq, engine id)), `alarm_at`, the pending-event
-    counts, and the seconds spent per part (`workload_s`, `tokenize_s`, `route_s`, `engine_s`,
-    `scrape_s`)."""
+    counts, the seconds spent per part (`workload_s`, `tokenize_s`, `route_s`, `engine_s`,
+    `scrape_s`), and `skew`, the fleet's in-flight skew at each dispatch (`SkewStats`)."""
 
-    __slots__ = ("alarm_at", "arrival_pending", "clients", "cpu0", "engine_s", "events0", "incomplete",
-                 "itl", "load", "on_done", "open", "prompt_tokens", "record_chunks", "route_s", "routed0",
-                 "scrape_s", "sends_pending", "start", "stats0", "timeouts", "tokenize_s", "tokens0",
-                 "traces", "wall0", "workload_s")  # fmt: skip
+    __slots__ = ("alarm_at", "arrival_pending", "clients", "cpu0", "engine_s", "events0", "gateway_routed0",
+                 "incomplete", "itl", "load", "on_done", "open", "prompt_tokens", "record_chunks", "route_s",
+                 "routed0", "scrape_s", "sends_pending", "skew", "start", "stats0", "timeouts", "tokenize_s",
+                 "tokens0", "traces", "wall0", "workload_s")  # fmt: skip
 
     def __init__(self, load: LoadConfig, start: float, record_chunks: bool,
                  on_done: Callable[[RequestTrace], None] | None, replicas: Sequence[SimReplica],
-                 queue: EventQueue, tokenizer: PromptTokenizer) -> None:  # fmt: skip
+                 queue: EventQueue, tokenizer: PromptTokenizer, gateways: Gateways) -> None:  # fmt: skip
         self.load = load
         self.start = start
         self.record_chunks = record_chunks
@@ -61,15 +62,17 @@ class LoadPoint:
         self.sends_pending = 0
         self.incomplete = 0
         self.prompt_tokens = 0
+        self.skew: list[float] = []
         self.workload_s = self.tokenize_s = self.route_s = self.engine_s = self.scrape_s = 0.0
         self.wall0, self.cpu0 = time.perf_counter(), time.process_time()
         self.events0 = queue.processed
         self.tokens0 = tokenizer.tokens_encoded
         self.stats0 = [replica_counters(rep) for rep in replicas]
         self.routed0 = [rep.routed for rep in replicas]
+        self.gateway_routed0 = [m.routed for m in gateways.models]
 
     def outcome(self, config: DesConfig, replicas: Sequence[SimReplica], queue: EventQueue,
-                tokenizer: PromptTokenizer) -> DesResult:  # fmt: skip
+                tokenizer: PromptTokenizer, gateways: Gateways) -> DesResult:  # fmt: skip
         """The point's `DesResult` as of now (see the module docstring)."""
         wall_s = time.perf_counter() - self.wall0
         cpu_s = time.process_time() - self.cpu0
@@ -105,4 +108,7 @@ class LoadPoint:
             timings=DesTimings(self.workload_s, self.tokenize_s, self.route_s, self.engine_s, self.scrape_s),
             tokens_encoded=tokenizer.tokens_encoded - self.tokens0,
             prompt_tokens=self.prompt_tokens,
+            in_flight_skew=SkewStats.of(self.skew),
+            gateway_requests=tuple(m.routed - r0 for m, r0 in zip(gateways.models, self.gateway_routed0,
+                                                                   strict=True)),
         )

@@ -12,13 +12,19 @@ objects (`gateway_model.GatewayModel`) and the simulator's engine model (`fleet.
   clients (first token -> TTFT, each token -> ITL, the last -> E2E) and ended requests free their
   clients, whose next requests are SENT at the same instant;
 - SCRAPE: every `fleet.scrape_interval_s` (x U(0.9, 1.1), phases spread as the live scraper does)
-  the gateway refreshes one replica's running/waiting/KV usage/adapters from its engine; between
-  scrapes only the gateway's own in-flight counts move;
+  a gateway refreshes one replica's running/waiting/KV usage/adapters from its engine (APPLY: the
+  numbers arrive `scrape_delay_s` later, when one is set); between scrapes only the gateway's own
+  in-flight counts move;
 - ARRIVAL (open loop), ALARM (request timeouts, `request_timeout_s`), DRAIN (`duration_s +
   drain_timeout_s`: what is still running is cancelled and counted `incomplete`).
 
 Overheads: none for the network; `gateway_overhead_s` (default 0) is a fixed delay per request
 between the client's send and the routing decision (the replica gets the request then).
+
+Gateways. `DesConfig.views` puts N gateways in front of the fleet (`loadtests.des.gateways`), each
+with its own prefix index, dispatch ledger and scrapes; each request goes to one of them (round robin
+or at random). The run measures herding as the fleet's true in-flight skew (the busiest replica's
+count above the mean, every gateway's dispatches counted), sampled at every dispatch.
 
 The outcome (`DesResult`, see `loadtests.des.outcome`) has the live runner's shapes. Prefix hit
 rates come from the engines' counters (Δhits / Δqueries in tokens), as live from `/metrics`.
@@ -30,8 +36,8 @@ and then each load point to one fleet and one gateway. Counters in a point's out
 over that point, as the live bench scrapes `/metrics` before and after.
 
 `begin(specs, load)` then `step()` per event runs a point one event at a time, to inspect the fleet,
-the gateway's picture (`gateway.fleet.snapshot()`) and the clock (`queue.now`) between events (tests
-do); `finish()` returns its outcome. Not thread-safe.
+a gateway's picture (`gateway.fleet.snapshot()`, `gateways.models[k]...`) and the clock
+(`queue.now`) between events (tests do); `finish()` returns its outcome. Not thread-safe.
 """
 
 from __future__ import annotations
@@ -39,7 +45,6 @@ from __future__ import annotations
 import contextlib
 import gc
 import heapq
-import random
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sized
 from typing import Any
@@ -48,7 +53,8 @@ from loadtests.des.arrivals import LoadClients
 from loadtests.des.config import AUTO_CHUNK_REQUESTS, DesConfig
 from loadtests.des.events import EventQueue
 from loadtests.des.fleet import SimReplica, build_replicas
-from loadtests.des.gateway_model import GatewayModel, RouteError, gateway_config
+from loadtests.des.gateway_model import RouteError, gateway_config
+from loadtests.des.gateways import Gateways
 from loadtests.des.outcome import DesResult
 from loadtests.des.point import LoadPoint
 from loadtests.des.prompts import PromptError, PromptTokenizer, body_prompt_ids
@@ -60,7 +66,7 @@ from simulator.engine import EngineRequest
 from simulator.server.openai_schema import DEFAULT_MAX_TOKENS
 
 # Event kinds (plain ints: they are compared on every event).
-SEND, ROUTE, STEP_END, SCRAPE, ARRIVAL, ALARM, DRAIN = range(7)
+SEND, ROUTE, STEP_END, SCRAPE, ARRIVAL, ALARM, DRAIN, APPLY = range(8)
 
 GC_GEN0_THRESHOLD = 50_000
 """Allocations between young-generation collections while `Simulation.run` runs (CPython's is 700)."""
@@ -70,7 +76,8 @@ class Simulation:
     """A simulated fleet behind kvgate's routing, in virtual time (see the module docstring).
 
     Public state, for inspection between `step()`s (do not mutate): `queue` (clock and events),
-    `replicas`, `gateway`, `open` (the point's requests in flight by engine id), `traces` (ended).
+    `replicas`, `gateways` (`gateways.models[k]` is gateway k; `gateway` is gateway 0), `open` (the
+    point's requests in flight by engine id), `traces` (ended).
     """
 
     def __init__(self, config: DesConfig) -> None:
@@ -82,12 +89,11 @@ class Simulation:
             config.gateway, fleet.names, fleet.model_name, policy=config.policy, tokenizer=config.tokenizer,
             scrape_interval_s=config.scrape_interval_s, stale_after_s=config.stale_after_s, seed=config.seed,
         )
-        self.gateway = GatewayModel(gw_config, self.queue.clock, random.Random(f"des-route:{config.seed}"))
-        self.scrape_interval = gw_config.fleet.scrape_interval_s
-        self.scrape_rng = random.Random(f"des-scrape:{config.seed}")
+        self.gateways = Gateways(config.views, gw_config, self.queue, self.replicas, config.seed,
+                                 SCRAPE, APPLY)  # fmt: skip
+        self.gateway = self.gateways.models[0]
         self.tokenizer = PromptTokenizer()
         self.next_id = 0
-        self._scraping = False
         self._point: LoadPoint | None = None
 
     # -- load points ----------------------------------------------------------------------------------
@@ -100,26 +106,20 @@ class Simulation:
         on_done: Callable[[RequestTrace], None] | None = None,
     ) -> None:
         """Start a load point at the current virtual time: `load`'s seconds count from now. The first
-        point first scrapes every replica once (as `FleetScraper.start()` does before the gateway
-        serves) and starts the periodic scrapes at evenly spread random phases. `on_done` is called
-        with each trace as its request ends (keep it cheap)."""
+        point first has every gateway scrape every replica once (as `FleetScraper.start()` does
+        before the gateway serves) and starts the periodic scrapes at evenly spread random phases.
+        `on_done` is called with each trace as its request ends (keep it cheap)."""
         if self._point is not None and not self.done:
             raise RuntimeError("a load point is still running")
-        queue, gw, fleet = self.queue, self.gateway, self.config.fleet
-        if not self._scraping:
-            self._scraping = True
-            n = len(self.replicas)
-            for rep in self.replicas:
-                gw.serve_models(rep.index, fleet.model_name, fleet.adapters)
-                gw.scrape(rep.index, rep.engine.stats)
-            for i in range(n):
-                queue.push(queue.now + self.scrape_interval * (i + self.scrape_rng.random()) / n, SCRAPE, i)
+        queue, fleet = self.queue, self.config.fleet
+        self.gateways.start(fleet.model_name, fleet.adapters)
         record = self.config.record_chunks
         if record is None:
             count = load.max_requests if load.max_requests is not None else _known_size(specs)
             record = count is not None and count <= AUTO_CHUNK_REQUESTS
         now = queue.now
-        point = self._point = LoadPoint(load, now, record, on_done, self.replicas, queue, self.tokenizer)
+        point = self._point = LoadPoint(load, now, record, on_done, self.replicas, queue, self.tokenizer,
+                                        self.gateways)
         point.clients = clients = LoadClients(self._timed(specs, point), load, start=now)
         for spec, start in clients.start(now):
             self._push_send(spec, start)
@@ -194,13 +194,14 @@ class Simulation:
     def _handle(self, kind: int, arg: Any) -> None:
         if kind == STEP_END:
             self._step_end(self.replicas[arg])
-        elif kind == SCRAPE:
-            queue = self.queue
+        elif kind in (SCRAPE, APPLY):
             t0 = time.perf_counter()
-            self.gateway.scrape(arg, self.replicas[arg].engine.stats)
+            if kind == SCRAPE:
+                self.gateways.scrape(*arg)
+            else:
+                self.gateways.apply(*arg)
             if self._point is not None:
                 self._point.scrape_s += time.perf_counter() - t0
-            queue.push(queue.now + self.scrape_interval * self.scrape_rng.uniform(0.9, 1.1), SCRAPE, arg)
         elif kind == SEND:
             sender, spec, start = arg
             point = self._point
@@ -267,7 +268,8 @@ class Simulation:
             return
         t1 = perf()
         point.tokenize_s += t1 - t0
-        gw = self.gateway
+        gws = self.gateways
+        gw = gws.pick()
         try:
             info = gw.request_info(
                 spec.endpoint, body, prompt_ids=ids, tenant=spec.tenant, headers=spec.headers
@@ -277,6 +279,8 @@ class Simulation:
             point.route_s += perf() - t1
             self._fail(o, err.status, f"http: {err.status} {err.message}")
             return
+        gws.dispatched(routed)
+        point.skew.append(gws.skew())
         point.route_s += perf() - t1
         o.routed = routed
         o.replica = routed.replica
@@ -296,6 +300,7 @@ class Simulation:
 
     def _start_step(self, rep: SimReplica, now: float) -> None:
         t0 = time.perf_counter()
+        self.gateways.engine_changed(rep.index)
         result = rep.start_step(now)
         if self._point is not None:
             self._point.engine_s += time.perf_counter() - t0
@@ -341,7 +346,7 @@ class Simulation:
         point = self._require()
         del point.open[o.engine_id]
         if o.routed is not None:
-            self.gateway.finished(o.routed)
+            self.gateways.finished(o.routed)
         point.traces.append(trace)
         if point.on_done is not None:
             point.on_done(trace)
@@ -384,6 +389,7 @@ class Simulation:
         """The client left: the gateway cancels the upstream request (the replica frees its blocks)."""
         if o.replica >= 0:
             self.replicas[o.replica].abort(o.engine_id, self.queue.now)
+            self.gateways.engine_changed(o.replica)
 
     def _drain(self) -> None:
         """The drain deadline: cancel what still runs, as the live runner does (not measured)."""
@@ -396,7 +402,7 @@ class Simulation:
             self._abort(o)
             del point.open[o.engine_id]
             if o.routed is not None:
-                self.gateway.finished(o.routed)
+                self.gateways.finished(o.routed)
             point.incomplete += 1
 
     # -- the outcome ----------------------------------------------------------------------------------
@@ -404,7 +410,7 @@ class Simulation:
     def finish(self) -> DesResult:
         """The current load point's outcome (call once `done`): counters are increases over the point,
         wall and CPU seconds count from its `begin`."""
-        return self._require().outcome(self.config, self.replicas, self.queue, self.tokenizer)
+        return self._require().outcome(self.config, self.replicas, self.queue, self.tokenizer, self.gateways)
 
 
 @contextlib.contextmanager

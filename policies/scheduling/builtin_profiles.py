@@ -3,7 +3,8 @@
 - `default`: kvgate's profile. Hard filters (in-service, healthy, serves-model, serves-adapter), soft
   filters (slow-start, fresh, load-guard), and the scorers the benchmark kept: prefix affinity, queue
   depth, LoRA locality, session affinity (kv-headroom and kv-full are available to custom profiles;
-  the benchmark found them harmful with shared prefixes, see the comment on the spec).
+  the benchmark found them harmful with shared prefixes, see the comment on the spec); the
+  `near-best` picker, so several gateway processes do not herd or scatter prefixes.
 - `round-robin`, `least-loaded` (queue depth only), `prefix-only` and `random`: the baselines the
   benchmark compares against. They keep only the membership filters (the hard ones and slow-start),
   so they differ from `default` in how they choose, not in whether they can serve.
@@ -61,7 +62,14 @@ _SPECS: dict[str, dict[str, Any]] = {
             {"type": "lora-locality", "weight": 1.0},
             {"type": "session-affinity", "weight": 1.0},
         ],
-        "picker": {"type": "max-score"},
+        # near-best, not max-score: several gateway processes each see the same scrapes and only their
+        # own dispatches and prefix index. With max-score each one placed a new prefix on a replica of
+        # its own and they piled onto the same best replica between scrapes; near-best draws the winner
+        # among candidates within 0.25 of the best by a rendezvous hash of the prompt's first 4 index
+        # blocks, so the processes agree on a prefix's replica without sharing state (docs/benchmarks.md,
+        # "Hit rate and goodput vs number of gateways"). 0.25 is below the smallest step of these
+        # scorers (an active adapter over a free slot: 0.5), so only near-ties are drawn.
+        "picker": {"type": "near-best", "params": {"margin": 0.25, "hash_blocks": 4}},
     },
     "round-robin": {
         "filters": [*_BASE_FILTERS],

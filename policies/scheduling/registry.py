@@ -36,6 +36,7 @@ from policies.scheduling.filters.serves_adapter import ServesAdapterFilter
 from policies.scheduling.filters.serves_model import ServesModelFilter
 from policies.scheduling.filters.slow_start import SlowStartFilter
 from policies.scheduling.pickers.max_score import MaxScorePicker
+from policies.scheduling.pickers.near_best import NearBestPicker
 from policies.scheduling.pickers.random_order import RandomPicker
 from policies.scheduling.pickers.round_robin import RoundRobinPicker
 from policies.scheduling.profile import SchedulingProfile, WeightedScorer
@@ -79,6 +80,7 @@ _SCORERS: dict[str, type[Scorer]] = {
 }
 _PICKERS: dict[str, type[Picker]] = {
     "max-score": MaxScorePicker,
+    "near-best": NearBestPicker,
     "random": RandomPicker,
     "round-robin": RoundRobinPicker,
 }

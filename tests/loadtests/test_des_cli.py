@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from loadtests.des_cli import build_parser, build_workload, fleet_spec, main
+from loadtests.des_cli import build_parser, build_workload, fleet_spec, main, run
 from loadtests.results import load_results
 
 pytestmark = pytest.mark.timeout(120)
@@ -54,3 +54,19 @@ def test_bad_arguments_are_refused(capsys: pytest.CaptureFixture[str]) -> None:
         main(["--requests", "0"])
     assert main(["--profile", "nope", "--no-progress"]) == 2
     assert "unknown profile" in capsys.readouterr().err
+
+
+def test_gateways_flag_puts_n_gateways_in_front_and_reports_herding(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    args = build_parser().parse_args([
+        "--replicas", "4", "--profile", "tiny", "--requests", "40", "--groups", "4", "--concurrency", "8",
+        "--system-prompt-tokens", "256", "--question-tokens", "16", "--output-tokens", "4", "--gateways", "4",
+        "--spread", "random", "--scrape-delay", "0.01", "--no-progress",
+    ])  # fmt: skip
+    (record,) = run(args, "test")
+    des = record["des"]
+    assert des["gateways"] == 4 and sum(des["gateway_requests"]) == 40 and len(des["gateway_requests"]) == 4
+    assert des["views"]["spread"] == "random" and des["views"]["scrape_delay_s"] == 0.01
+    assert des["in_flight_skew"]["samples"] == 40 and des["in_flight_skew"]["p99"] is not None
+    assert "4 gateways" in capsys.readouterr().out
