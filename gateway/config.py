@@ -209,6 +209,9 @@ class SimulatorConfig(_Strict):
     max_num_seqs: int = Field(256, ge=1)
     max_loras: int = Field(0, ge=0)
     adapters: tuple[str, ...] = ()
+    # The simulated replicas publish vLLM's KV-cache events and kvgate routes on the exact index built
+    # from them (with the simulator's tokenizer for the pool, unless the config names another).
+    kv_events: bool = True
 
 
 class FleetConfig(_Strict):

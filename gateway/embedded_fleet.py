@@ -6,7 +6,7 @@ import subprocess
 import sys
 import threading
 
-from gateway.config import Config, ReplicaConfig, SimulatorConfig
+from gateway.config import Config, ModelConfig, ReplicaConfig, SimulatorConfig
 
 START_TIMEOUT_S = 30.0
 
@@ -30,6 +30,8 @@ def sim_command(sim: SimulatorConfig) -> list[str]:
         cmd += ["--max-loras", str(sim.max_loras)]
     if sim.adapters:
         cmd += ["--adapters", ",".join(sim.adapters)]
+    if sim.kv_events:
+        cmd += ["--kv-events-port", "0"]
     return cmd
 
 
@@ -41,10 +43,35 @@ def sim_model_name(sim: SimulatorConfig) -> str:
     return get_profile(sim.profile).model_name
 
 
-def with_simulated_replicas(config: Config, sim: SimulatorConfig, urls: list[str]) -> Config:
+def with_simulated_replicas(
+    config: Config, sim: SimulatorConfig, urls: list[str], kv_events: list[tuple[str, str]] | None = None
+) -> Config:
+    """`config` in front of the simulated replicas at `urls`; with their KV-event sockets
+    (`(pub, replay)` per replica), the pool also gets the simulator's tokenizer unless the config
+    gives it one, since the exact index matches the engine's own token ids."""
     model = sim_model_name(sim)
-    replicas = tuple(ReplicaConfig(url=u, model=model, name=f"sim-{i}") for i, u in enumerate(urls))
-    return config.model_copy(update={"replicas": replicas, "simulator": sim})
+    events = kv_events or []
+    replicas = tuple(
+        ReplicaConfig(url=u, model=model, name=f"sim-{i}", **_event_sockets(events, i))
+        for i, u in enumerate(urls)
+    )
+    update: dict[str, object] = {"replicas": replicas, "simulator": sim}
+    if events:
+        models = list(config.models)
+        named = [i for i, m in enumerate(models) if m.name == model]
+        if not named:
+            models.append(ModelConfig(name=model, tokenizer="sim"))
+        elif models[named[0]].tokenizer == "none":
+            models[named[0]] = models[named[0]].model_copy(update={"tokenizer": "sim"})
+        update["models"] = tuple(models)
+    return config.model_copy(update=update)
+
+
+def _event_sockets(events: list[tuple[str, str]], i: int) -> dict[str, str]:
+    if i >= len(events):
+        return {}
+    pub, replay = events[i]
+    return {"kv_events": pub, "kv_events_replay": replay}
 
 
 class EmbeddedFleet:
@@ -53,6 +80,7 @@ class EmbeddedFleet:
     def __init__(self, sim: SimulatorConfig) -> None:
         self._sim = sim
         self._proc: subprocess.Popen[str] | None = None
+        self.kv_events: list[tuple[str, str]] = []  # (pub, replay) per replica, once started
 
     def start(self) -> list[str]:
         self._proc = subprocess.Popen(
@@ -63,13 +91,17 @@ class EmbeddedFleet:
         timer.start()
         try:
             assert self._proc.stdout is not None
-            while len(urls) < self._sim.replicas:
+            wanted_events = self._sim.replicas if self._sim.kv_events else 0
+            while len(urls) < self._sim.replicas or len(self.kv_events) < wanted_events:
                 line = self._proc.stdout.readline()
                 if not line:
                     raise FleetStartError(f"exit code {self._proc.poll()}")
                 line = line.strip()
                 if line.startswith("http://"):
                     urls.append(line)
+                elif line.startswith("kv-events "):
+                    fields = dict(f.split("=", 1) for f in line.split()[1:] if "=" in f)
+                    self.kv_events.append((fields["pub"], fields["replay"]))
         finally:
             timer.cancel()
         return urls

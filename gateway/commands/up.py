@@ -55,6 +55,7 @@ def run(args: argparse.Namespace) -> int:
             fleet = EmbeddedFleet(sim)
             try:
                 urls = fleet.start()
+                events = fleet.kv_events
             except FleetStartError as err:
                 print(f"kvgate up: the simulated fleet did not start: {err}", file=sys.stderr)
                 return 1
@@ -64,7 +65,7 @@ def run(args: argparse.Namespace) -> int:
                 section changed: refused, the fleet was started with it)."""
                 if file_config.replicas or file_config.discovery.configured:
                     return file_config
-                return with_simulated_replicas(file_config, _simulator(file_config, args), urls)
+                return with_simulated_replicas(file_config, _simulator(file_config, args), urls, events)
 
             config = with_fleet(config)
             if config_file is not None:

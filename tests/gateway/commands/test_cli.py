@@ -53,9 +53,7 @@ def test_check_config_warns_when_replica_certificates_are_not_verified(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     cfg = tmp_path / "insecure.yaml"
-    cfg.write_text(
-        "replicas: [{url: 'https://10.0.0.1:8443', model: m}]\nupstream: {tls_verify: false}\n"
-    )
+    cfg.write_text("replicas: [{url: 'https://10.0.0.1:8443', model: m}]\nupstream: {tls_verify: false}\n")
     assert main(["check-config", str(cfg)]) == 0
     out = capsys.readouterr()
     assert "ok" in out.out
@@ -107,13 +105,28 @@ def test_kvgate_up_serves_a_simulated_fleet_and_stops_on_ctrl_c() -> None:
             timeout=10,
         )
         assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 3
+        # The simulated replicas publish KV events, and the replica that served is routed on them.
+        long_chat = {
+            "model": "tiny-llama",
+            "messages": [{"role": "user", "content": "tell me " * 200}],
+            "max_tokens": 2,
+        }
+        r = httpx.post(url + "/v1/chat/completions", json=long_chat, timeout=10)  # full blocks to store
+        assert r.status_code == 200
+        served = r.headers["x-kvgate-replica"]
+        exact = f'kvgate_prefix_index_mode{{mode="exact",replica="{served}"}} 1.0'
+        deadline = time.monotonic() + 20
+        while exact not in httpx.get(url + "/metrics", timeout=5).text:
+            assert time.monotonic() < deadline, "the serving replica never went exact"
+            time.sleep(0.1)
         proc.send_signal(signal.SIGINT)
         out, _ = proc.communicate(timeout=30)
         assert proc.returncode == 0, out
         assert f"kvgate is listening on {url}" in out and "curl" in out and "OpenAI(" in out
-        # The access log: one JSON line for the request, on stdout.
-        (line,) = [json.loads(x) for x in out.splitlines() if x.startswith('{"ts":')]
-        assert line["status"] == 200 and line["completion_tokens"] == 3 and line["model"] == "tiny-llama"
+        # The access log: one JSON line per request, on stdout.
+        first, second = [json.loads(x) for x in out.splitlines() if x.startswith('{"ts":')]
+        assert first["status"] == 200 and first["completion_tokens"] == 3 and first["model"] == "tiny-llama"
+        assert second["replica"] == served and second["completion_tokens"] == 2
     finally:
         if proc.poll() is None:
             proc.kill()
