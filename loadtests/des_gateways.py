@@ -69,6 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ledger", choices=("local", "shared"), default="local",
                    help="shared: every gateway counts every dispatch at once (a what-if)")
     p.add_argument("--with-random", action="store_true", help="also run near-best-random")
+    p.add_argument("--fix-only", action="store_true", help="only the default profile (no max-score)")
     p.add_argument("--index", choices=("approximate", "exact"), default="approximate",
                    help="each gateway's prefix index (exact: fed by every engine's KV events)")
     p.add_argument("--event-lag", type=float, default=0.005, help="exact index: simulated seconds")
@@ -108,7 +109,7 @@ def case_argv(args: argparse.Namespace, replicas: int, workload: str, gateways: 
         "--requests", str(requests), "--warmup-requests", str(int(requests * args.warmup_fraction)),
         "--concurrency", str(args.concurrency_per_replica * replicas),
         "--gateways", str(gateways), "--spread", args.spread, "--ledger", args.ledger,
-        "--policy", f"{FIX},{BEFORE}" + (f",{RANDOM}" if args.with_random else ""),
+        "--policy", FIX if args.fix_only else f"{FIX},{BEFORE}" + (f",{RANDOM}" if args.with_random else ""),
         "--gateway-config", str(config), "--slo", args.slo,
         "--seed", str(seed), "--no-progress",
         "--index", args.index, "--event-lag", str(args.event_lag),
