@@ -34,7 +34,14 @@ from pathlib import Path
 from typing import Any
 
 from loadtests.des import DesConfig, FleetSpec, Simulation
-from loadtests.des.gateways import LEDGERS, SCRAPE_PHASES, SPREADS, GatewayViews
+from loadtests.des.gateways import (
+    DEFAULT_EVENT_LAG_S,
+    INDEX_SOURCES,
+    LEDGERS,
+    SCRAPE_PHASES,
+    SPREADS,
+    GatewayViews,
+)
 from loadtests.des.outcome import DesResult
 from loadtests.measures import RequestTrace
 from loadtests.report import write_report
@@ -90,6 +97,12 @@ def build_parser() -> argparse.ArgumentParser:
                     help="simulated seconds between a replica's numbers and the gateway seeing them")
     gw.add_argument("--scrape-phases", choices=SCRAPE_PHASES, default="independent",
                     help="each gateway scrapes at its own phases (independent) or all at once (aligned)")
+    gw.add_argument("--index", choices=INDEX_SOURCES, default="approximate",
+                    help="each gateway's prefix index: approximate (its own dispatches, the default) or "
+                         "exact (every engine's KV events, --event-lag late; implies --tokenizer sim)")
+    gw.add_argument("--event-lag", type=float, default=DEFAULT_EVENT_LAG_S,
+                    help=f"simulated seconds from a step's end to its KV events reaching the gateways "
+                         f"(exact index; default {DEFAULT_EVENT_LAG_S})")
     gw.add_argument("--ledger", choices=LEDGERS, default="local",
                     help="in-flight counts a gateway knows: its own (local, as live) or every gateway's "
                          "(shared: a what-if)")
@@ -185,7 +198,8 @@ def _gateway_base(path: Path | None) -> Any:
 
 def gateway_views(args: argparse.Namespace) -> GatewayViews:
     return GatewayViews(gateways=args.gateways, spread=args.spread, scrape_delay_s=args.scrape_delay,
-                        scrape_phases=args.scrape_phases, ledger=args.ledger)  # fmt: skip
+                        scrape_phases=args.scrape_phases, ledger=args.ledger, index=args.index,
+                        event_lag_s=args.event_lag)  # fmt: skip
 
 
 def run(args: argparse.Namespace, command: str) -> list[dict[str, Any]]:

@@ -69,6 +69,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ledger", choices=("local", "shared"), default="local",
                    help="shared: every gateway counts every dispatch at once (a what-if)")
     p.add_argument("--with-random", action="store_true", help="also run near-best-random")
+    p.add_argument("--fix-only", action="store_true", help="only the default profile (no max-score)")
+    p.add_argument("--index", choices=("approximate", "exact"), default="approximate",
+                   help="each gateway's prefix index (exact: fed by every engine's KV events)")
+    p.add_argument("--event-lag", type=float, default=0.005, help="exact index: simulated seconds")
+    p.add_argument("--tokenizer", choices=("none", "sim"), default=None,
+                   help="the pool's tokenizer (exact implies sim)")
     p.add_argument("--slo", default="ttft=250ms,tpot=50ms", help="goodput thresholds")
     p.add_argument("--out", type=Path, default=None, help="append result records here (JSON lines)")
     p.add_argument("--summarize", type=Path, default=None, help="print the tables of FILE and exit")
@@ -103,10 +109,13 @@ def case_argv(args: argparse.Namespace, replicas: int, workload: str, gateways: 
         "--requests", str(requests), "--warmup-requests", str(int(requests * args.warmup_fraction)),
         "--concurrency", str(args.concurrency_per_replica * replicas),
         "--gateways", str(gateways), "--spread", args.spread, "--ledger", args.ledger,
-        "--policy", f"{FIX},{BEFORE}" + (f",{RANDOM}" if args.with_random else ""),
+        "--policy", FIX if args.fix_only else f"{FIX},{BEFORE}" + (f",{RANDOM}" if args.with_random else ""),
         "--gateway-config", str(config), "--slo", args.slo,
         "--seed", str(seed), "--no-progress",
+        "--index", args.index, "--event-lag", str(args.event_lag),
     ]  # fmt: skip
+    if args.tokenizer is not None:
+        argv += ["--tokenizer", args.tokenizer]
     if workload == "shared-prefix":
         argv += ["--groups", str(args.groups_per_replica * replicas)]
     return argv
@@ -117,7 +126,8 @@ def row(record: dict[str, Any], replicas: int, gateways: int, seed: int) -> dict
     skew = record["des"]["in_flight_skew"]
     return {
         "replicas": replicas, "workload": record["workload"], "gateways": gateways, "seed": seed,
-        "policy": record["policy"], "prefix_hit_rate": record["prefix_hit_rate"],
+        "policy": record["policy"], "index": record["des"]["views"]["index"],
+        "prefix_hit_rate": record["prefix_hit_rate"],
         "goodput_rps": record["goodput_rps"], "ttft_p90_s": record["ttft_p90_s"],
         "ttft_p50_s": record["ttft_p50_s"], "completed": record["completed"],
         "skew_p99": skew["p99"], "skew_max": skew["max"],

@@ -68,6 +68,11 @@ class ReplicaFeed:
             return None
         if self.topic and not batch.topic.startswith(self.topic):
             return None  # another topic (the subscription filters by prefix already)
+        return self.on_batch(batch, now)
+
+    def on_batch(self, batch: EventBatch, now: float) -> int | None:
+        """A decoded live batch (the discrete-event mode hands them over without sockets); returns a
+        replay start to ask for, or None."""
         self.freshness.heard(now)
         return self._run(self.tracker.live(batch.seq, batch))
 

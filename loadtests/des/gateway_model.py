@@ -40,6 +40,7 @@ from gateway.fleet.models_parse import ServedModels
 from gateway.fleet.state import FleetChange, FleetState
 from gateway.request_parse import Endpoint
 from gateway.routing import PromptFacts, Router
+from policies.exact_keys import pack_tokens
 from policies.prefix import seed_for, token_block_keys
 from policies.prefix_index import capacity_blocks
 from policies.prefix_source import PrefixSource
@@ -206,6 +207,7 @@ class GatewayModel:
             session_id=session,
             prefix_keys=facts.prefix_keys,
             prompt_tokens_exact=facts.exact,
+            token_bytes=facts.token_bytes,
         )
 
     def route(self, info: RequestInfo, now: float) -> Routed:
@@ -252,8 +254,9 @@ def replica_metrics(stats: EngineStats) -> ReplicaMetrics:
 
 def _token_facts(ids: Sequence[int], block_tokens: int, seed: int) -> PromptFacts:
     # gateway.tokenizers.SimTokenizer folds the simulator's ids (up to 2**51) to 32 bits the same way.
+    # The packed ids are what the Router's exact match hashes (`pack_tokens`, as the live path).
     folded = [(i ^ (i >> 32)) & 0xFFFFFFFF for i in ids]
-    return PromptFacts(len(ids), True, token_block_keys(folded, block_tokens, seed))
+    return PromptFacts(len(ids), True, token_block_keys(folded, block_tokens, seed), pack_tokens(folded))
 
 
 def _header(headers: Mapping[str, str], name: str) -> str | None:

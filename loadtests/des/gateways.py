@@ -13,10 +13,12 @@ own picture of the fleet, built by the live gateway's own objects (`gateway_mode
   `scrape_interval_s` (x U(0.9, 1.1)) at its own random phases (`scrape_phases="independent"`, as N
   processes do) or all at the same instants (`"aligned"`), each scrape's numbers reaching the
   gateway `scrape_delay_s` after the replica produced them;
-- the index source: `index="approximate"` (the router's own `PrefixIndex`). An exact source fed by KV
-  events would be swapped in here, one per gateway (`policies.prefix_source.PrefixSource`), with its
-  events delivered `event_lag_s` late; it needs the replicas' KV events, which the DES does not
-  produce yet, so only the approximate source exists and `event_lag_s` must be 0.
+- the index: `index="approximate"` (the live default: the router's own `PrefixIndex`, learning from
+  this gateway's dispatches only), or `index="exact"`: the engines record their KV events and every
+  gateway applies each replica's batches to its own `ExactIndex` `event_lag_s` after the step that
+  made them ended (`loadtests.des.exact_events`); the Router matches replicas in exact mode on it as
+  live. All gateways then hold the same picture. Exact needs the `sim` tokenizer (the live exact
+  path needs a tokenizer too); `event_lag_s` applies only to it.
 
 Requests reach the gateways round robin or at random (seeded): the load balancer in front.
 
@@ -33,7 +35,9 @@ from dataclasses import dataclass
 
 from gateway.config import Config
 from gateway.fleet.metrics_parse import ReplicaMetrics
+from gateway.kv_events.wire import EventBatch
 from loadtests.des.events import EventQueue
+from loadtests.des.exact_events import DesExactSource, event_batch
 from loadtests.des.fleet import SimReplica
 from loadtests.des.gateway_model import GatewayModel, Routed, replica_metrics
 from policies.prefix_source import PrefixSource
@@ -41,7 +45,8 @@ from policies.prefix_source import PrefixSource
 SPREADS = ("round-robin", "random")
 SCRAPE_PHASES = ("independent", "aligned")
 LEDGERS = ("local", "shared")
-INDEX_SOURCES = ("approximate",)
+INDEX_SOURCES = ("approximate", "exact")
+DEFAULT_EVENT_LAG_S = 0.005
 ALL = -1  # a scrape event's gateway when every gateway takes it (aligned phases)
 
 
@@ -55,7 +60,7 @@ class GatewayViews:
     scrape_phases: str = "independent"
     ledger: str = "local"
     index: str = "approximate"
-    event_lag_s: float = 0.0
+    event_lag_s: float = DEFAULT_EVENT_LAG_S  # exact index only
 
     def __post_init__(self) -> None:
         if self.gateways < 1:
@@ -66,17 +71,20 @@ class GatewayViews:
             if value not in known:
                 raise ValueError(f"{field} must be one of {', '.join(known)}, got {value!r}")
         if self.index not in INDEX_SOURCES:
-            raise ValueError(f"index {self.index!r}: only the approximate index exists until the DES "
-                             "produces KV events")  # fmt: skip
+            raise ValueError(f"index must be one of {', '.join(INDEX_SOURCES)}, got {self.index!r}")
         if self.scrape_delay_s < 0:
             raise ValueError(f"scrape_delay_s must be >= 0, got {self.scrape_delay_s}")
-        if self.event_lag_s != 0:
-            raise ValueError("event_lag_s applies to an event-fed (exact) index, which needs KV events: "
-                             "the approximate index learns from its own dispatches")  # fmt: skip
+        if not self.event_lag_s >= 0 or self.event_lag_s == float("inf"):
+            raise ValueError(f"event_lag_s must be a finite number >= 0, got {self.event_lag_s}")
+
+    @property
+    def exact(self) -> bool:
+        return self.index == "exact"
 
     def index_source(self) -> PrefixSource | None:
-        """A fresh index source for one gateway; None = the router's own approximate `PrefixIndex`
-        (built from `scheduling.prefix_index`, exactly as live)."""
+        """A fresh approximate index source for one gateway; None = the router's own `PrefixIndex`
+        (built from `scheduling.prefix_index`, exactly as live). The exact index comes on top of it,
+        as live: replicas not in exact mode are matched on the approximate one."""
         return None
 
 
@@ -98,6 +106,17 @@ class Gateways:
                          index=views.index_source(), number=k)
             for k in range(views.gateways)
         ]
+        self.exact: list[DesExactSource] = []
+        if views.exact:
+            stats = replicas[0].engine.stats
+            stale = config.scheduling.prefix_index.events_stale_after_s
+            names = self.models[0].names
+            for model in self.models:
+                source = DesExactSource(names, config.replicas[0].model, stats.num_gpu_blocks,
+                                        stats.block_size, stale, queue.clock)  # fmt: skip
+                model.router.exact = source
+                self.exact.append(source)
+        self._event_seq = [0] * len(replicas)
         self.in_flight = [0] * len(replicas)
         self.total_in_flight = 0
         self.scrape_interval = config.fleet.scrape_interval_s
@@ -144,6 +163,24 @@ class Gateways:
     def skew(self) -> float:
         """The busiest replica's true in-flight count above the fleet's mean, in requests."""
         return max(self.in_flight) - self.total_in_flight / len(self.in_flight)
+
+    # -- KV events (exact index) -----------------------------------------------------------------
+
+    def publish_events(self, replica: int, end: float, events_kind: int) -> None:
+        """Replica `replica`'s recorded KV events (taken now, when one of its steps starts or ends) are
+        published at `end` and reach every gateway `event_lag_s` later."""
+        events = self.replicas[replica].engine.take_kv_events()
+        if not events:
+            return
+        seq = self._event_seq[replica]
+        self._event_seq[replica] = seq + 1
+        self.queue.push(end + self.views.event_lag_s, events_kind, (replica, event_batch(seq, end, events)))
+
+    def receive_events(self, replica: int, batch: EventBatch) -> None:
+        """A replica's event batch reaches every gateway now."""
+        name, now = self.replicas[replica].name, self.queue.now
+        for source in self.exact:
+            source.receive(name, batch, now)
 
     # -- scrapes ----------------------------------------------------------------------------------
 

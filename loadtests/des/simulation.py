@@ -47,6 +47,7 @@ import gc
 import heapq
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sized
+from dataclasses import replace
 from typing import Any
 
 from loadtests.des.arrivals import LoadClients
@@ -66,7 +67,7 @@ from simulator.engine import EngineRequest
 from simulator.server.openai_schema import DEFAULT_MAX_TOKENS
 
 # Event kinds (plain ints: they are compared on every event).
-SEND, ROUTE, STEP_END, SCRAPE, ARRIVAL, ALARM, DRAIN, APPLY = range(8)
+SEND, ROUTE, STEP_END, SCRAPE, ARRIVAL, ALARM, DRAIN, APPLY, KV_EVENTS = range(9)
 
 GC_GEN0_THRESHOLD = 50_000
 """Allocations between young-generation collections while `Simulation.run` runs (CPython's is 700)."""
@@ -83,10 +84,18 @@ class Simulation:
     def __init__(self, config: DesConfig) -> None:
         self.config = config
         fleet = config.fleet
+        self._exact = config.views.exact
+        tokenizer = config.tokenizer
+        if self._exact:
+            # The exact index needs the engines' KV events and, as live, token ids to match with.
+            if tokenizer == "none":
+                raise ValueError("the exact index needs the sim tokenizer (tokenizer='sim')")
+            tokenizer = "sim"
+            fleet = replace(fleet, engine=replace(fleet.engine, kv_events=True))
         self.queue = EventQueue()
         self.replicas: list[SimReplica] = build_replicas(fleet)
         gw_config = gateway_config(
-            config.gateway, fleet.names, fleet.model_name, policy=config.policy, tokenizer=config.tokenizer,
+            config.gateway, fleet.names, fleet.model_name, policy=config.policy, tokenizer=tokenizer,
             scrape_interval_s=config.scrape_interval_s, stale_after_s=config.stale_after_s, seed=config.seed,
         )
         self.gateways = Gateways(config.views, gw_config, self.queue, self.replicas, config.seed,
@@ -152,6 +161,18 @@ class Simulation:
         self._handle(kind, arg)
         return True
 
+    def idle(self, seconds: float) -> None:
+        """Once the load point is done: let `seconds` of virtual time pass with no request sent (the
+        scrapes and KV events due meanwhile happen), to inspect the gateways' settled pictures."""
+        if not self.done:
+            raise RuntimeError("a load point is still running")
+        queue = self.queue
+        until = queue.now + seconds
+        while (due := queue.peek_time()) is not None and due <= until:
+            kind, arg = queue.pop()
+            self._handle(kind, arg)
+        queue.now = max(queue.now, until)
+
     def run(
         self,
         specs: Iterable[RequestSpec],
@@ -210,6 +231,8 @@ class Simulation:
                 self._send(spec, start)
         elif kind == ROUTE:
             self._route(arg)
+        elif kind == KV_EVENTS:
+            self.gateways.receive_events(*arg)
         elif kind == ARRIVAL and self._point is not None and arg is self._point:
             point = self._point
             clients = point.clients
@@ -306,6 +329,8 @@ class Simulation:
             self._point.engine_s += time.perf_counter() - t0
         if result is not None:
             self.queue.push(result.end, STEP_END, rep.index)
+        if self._exact:
+            self.gateways.publish_events(rep.index, now if result is None else result.end, KV_EVENTS)
 
     def _step_end(self, rep: SimReplica) -> None:
         result = rep.step
