@@ -25,6 +25,7 @@ from pydantic import (
 
 from gateway.config_discovery import DiscoveryConfig
 from gateway.config_routes import RouteConfig, check_adapter_sources, route_problems
+from gateway.config_simulator import SimulatorConfig as SimulatorConfig  # re-exported: part of Config
 from gateway.config_tenancy import (
     AdminKeyConfig,
     KeyConfig,
@@ -195,23 +196,6 @@ class ReplicaConfig(ReplicaCredential):
     @property
     def display_name(self) -> str:
         return self.name or self.url.split("//", 1)[1]
-
-
-class SimulatorConfig(_Strict):
-    """The embedded fleet `kvgate up` starts when the config names no replicas."""
-
-    replicas: int = Field(4, ge=1, le=64)
-    profile: str = "llama-3-8b-h100"
-    time_scale: float = Field(1.0, gt=0)
-    model: str | None = None
-    block_size: int = Field(16, ge=1)
-    kv_blocks: int | None = Field(None, ge=1)
-    max_num_seqs: int = Field(256, ge=1)
-    max_loras: int = Field(0, ge=0)
-    adapters: tuple[str, ...] = ()
-    # The simulated replicas publish vLLM's KV-cache events and kvgate routes on the exact index built
-    # from them (with the simulator's tokenizer for the pool, unless the config names another).
-    kv_events: bool = True
 
 
 class FleetConfig(_Strict):
