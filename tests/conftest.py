@@ -47,8 +47,21 @@ def _missing(needs: Needs) -> list[str]:
     return [exe for exe in needs.executables if shutil.which(exe) is None]
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_configure(config: pytest.Config) -> None:
-    """Under CI every program must be there, checked once, before any test (or test worker) starts."""
+    """Two test workers unless `-n` says otherwise (most of the suite waits on real servers and child
+    processes: ~4.5 minutes on 2 cores instead of ~8). Set here rather than in addopts, so that a pytest
+    without pytest-xdist (the test extras not installed) still runs the suite in one process instead of
+    refusing its own options. Then: under CI every program must be there, checked once, before any test
+    (or test worker) starts."""
+    if (
+        config.pluginmanager.hasplugin("xdist")
+        and getattr(config.option, "numprocesses", 0) is None
+        and not hasattr(config, "workerinput")
+    ):
+        config.option.numprocesses = 2
+        config.option.dist = "loadfile"
+        config.option.tx = ["popen"] * 2  # what xdist's own -n handling (already run) would have set
     if not _in_ci() or hasattr(config, "workerinput"):  # workerinput: a pytest-xdist worker
         return
     for needs in NEEDS.values():
