@@ -15,6 +15,7 @@ except ImportError:  # not installed on Windows: asyncio's loop only
     uvloop = None  # type: ignore[assignment]
 
 
+@pytest.hookimpl(optionalhook=True)  # pytest-asyncio's hook: without the test extras, not an error
 def pytest_asyncio_loop_factories(
     config: pytest.Config, item: pytest.Item
 ) -> Mapping[str, Callable[[], asyncio.AbstractEventLoop]]:
