@@ -28,7 +28,7 @@ from gateway.reload import ReloadStep
 from gateway.tokenizers import PromptNotReproducible, PromptRejected, Tokenizer, prompt_ids, tokenizer_for
 from policies.exact_index import ExactIndex
 from policies.exact_keys import lazy_request_keys, pack_tokens
-from policies.kv_fit import GroupFit, GroupLedger
+from policies.kv_fit import GroupFit, GroupLedger, group_key
 from policies.prefix import TOKEN_ID_BYTES, byte_block_keys, seed_for
 from policies.prefix_index import PrefixIndex
 from policies.prefix_source import PrefixSource
@@ -267,8 +267,7 @@ class Router:
             self.exact.dispatched(replica)
         if info.prefix_keys:
             if self._groups_on:
-                held = self.index.match(info.prefix_keys, (replica,)).get(replica, 0)
-                self.groups.record(info.prefix_keys, replica, held, self._now)
+                self._record_group(info.prefix_keys, replica)
             self.index.record(replica, info.prefix_keys)
         if info.session_id:
             sessions = self._sessions
@@ -277,6 +276,14 @@ class Router:
             if len(sessions) > SESSION_MAP_SIZE:
                 sessions.popitem(last=False)
 
+
+    def _record_group(self, keys: tuple[int, ...], replica: str) -> None:
+        """Tell the group ledger what the index believed `replica` (and the group's home) held."""
+        home = self.groups.home_of(group_key(keys, self.groups.group_blocks))
+        names = (replica,) if home is None or home == replica else (replica, home)
+        held = self.index.match(keys, names)
+        on_home = held.get(home, 0) if home is not None and home != replica else 0
+        self.groups.record(keys, replica, held.get(replica, 0), self._now, on_home)
 
     def observe_prefix_counters(self, replica: str, hits_tokens: int, queries_tokens: int) -> None:
         """A scrape's cumulative prefix-cache counters of `replica`: the group ledger compares them

@@ -76,14 +76,17 @@ def _shared_tokens(tok: PromptTokenizer, specs: Sequence[RequestSpec]) -> int:
     return n // BLOCK_SIZE * BLOCK_SIZE
 
 
-def run_one(policy: str, replicas: int, fraction: float, seed: int) -> Outcome:
+def run_one(
+    policy: str, replicas: int, fraction: float, seed: int, question_tokens: int = QUESTION_TOKENS,
+    output_tokens: int = OUTPUT_TOKENS,
+) -> Outcome:
     groups = groups_for(replicas, fraction)
     engine = EngineConfig(block_size=BLOCK_SIZE, num_gpu_blocks=KV_BLOCKS, max_num_seqs=MAX_NUM_SEQS,
                           max_model_len=MAX_MODEL_LEN)  # fmt: skip
     fleet = FleetSpec(replicas=replicas, profile="tiny", engine=engine)
     workload = SharedPrefixWorkload(
         groups=groups, prompts_per_group=PROMPTS_PER_GROUP, system_prompt_tokens=SYSTEM_PROMPT_TOKENS,
-        question_tokens=QUESTION_TOKENS, output_tokens=OUTPUT_TOKENS, model=fleet.model_name, seed=seed,
+        question_tokens=question_tokens, output_tokens=output_tokens, model=fleet.model_name, seed=seed,
     )  # fmt: skip
     specs = list(workload.requests())
     tok = PromptTokenizer()
@@ -143,13 +146,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--fractions", default="0.5,0.75,0.9")
     p.add_argument("--seeds", default="0,1,2,3,4")
     p.add_argument("--policies", default="default,kv-fit")
+    p.add_argument("--question-tokens", type=int, default=QUESTION_TOKENS)
+    p.add_argument("--output-tokens", type=int, default=OUTPUT_TOKENS)
     args = p.parse_args(argv)
     rows: list[Outcome] = []
     for replicas in (int(v) for v in args.replicas.split(",")):
         for fraction in (float(v) for v in args.fractions.split(",")):
             for seed in (int(v) for v in args.seeds.split(",")):
                 for policy in args.policies.split(","):
-                    r = run_one(policy, replicas, fraction, seed)
+                    r = run_one(policy, replicas, fraction, seed, args.question_tokens, args.output_tokens)
                     rows.append(r)
                     print(f"R={replicas} ws={fraction:g} seed={seed} {policy}: hit {r.hit_rate:.3f} "
                           f"oracle {r.oracle:.3f} ({r.of_oracle:.1%}) groups/replica "

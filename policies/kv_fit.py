@@ -12,8 +12,9 @@ only (most prompts are never reused; the few that are become confirmed on their 
 Belief against reality. The ledger also counts, per replica, the prefix tokens kvgate believed the
 replica would hit (the index's match on it at dispatch) and compares that rate with the replica's own
 prefix-cache counters from the scrape (`vllm:prefix_cache_hits` / `_queries`). A replica that hits
-much less than believed is evicting what kvgate thinks it holds: its `reality` factor (in
-[`min_reality`, 1], an EWMA of real rate / believed rate) scales the capacity the scorer counts on.
+much less than believed is evicting what kvgate thinks it holds: its `reality` factor (an EWMA of
+real rate / believed rate), relative to the best candidate's and clamped to [`min_reality`, 1],
+scales the capacity the scorer counts on.
 
 `fit_view` gives the `kv-fit` scorer (`policies.scheduling.scorers.kv_fit`) one request's frozen view:
 the group, its size, its home, what the groups placed on the home before it claim (`ahead`), and what
@@ -122,7 +123,10 @@ class GroupLedger:
     def __len__(self) -> int:
         return len(self._provisional) + len(self._confirmed)
 
-    def home_of(self, group: int) -> str | None:
+    def home_of(self, group: int | None) -> str | None:
+        """The group's home replica; None for a group the ledger does not know (or None)."""
+        if group is None:
+            return None
         g = self._confirmed.get(group) or self._provisional.get(group)
         return None if g is None else g.home
 
@@ -148,10 +152,7 @@ class GroupLedger:
         self.expire(now)
         names = tuple(capacity_blocks)
         claimed = self._claimed
-        reality = self._reality
-        capacity = {
-            n: c * (reality[n].factor if n in reality else 1.0) for n, c in capacity_blocks.items() if c > 0
-        }
+        capacity = self._effective(capacity_blocks)
         g = self._confirmed.get(key) or self._provisional.get(key)
         if g is None:
             return GroupFit(key, float(len(prefix_keys)), None, 0.0,
@@ -163,13 +164,16 @@ class GroupLedger:
 
     # -- writing -----------------------------------------------------------------------------------
 
-    def record(self, prefix_keys: Sequence[int], replica: str, held_blocks: int, now: float) -> None:
-        """A prompt with these keys went to `replica`, which was believed to hold `held_blocks` of them.
+    def record(
+        self, prefix_keys: Sequence[int], replica: str, held_blocks: int, now: float, held_on_home: int = 0
+    ) -> None:
+        """A prompt with these keys went to `replica`, which was believed to hold `held_blocks` of them
+        (and its group's home `held_on_home`, when the home is another replica).
 
         A new group is placed there (its home), claiming its prompt's blocks provisionally. A known
         group reused on its home (held > 0) is confirmed with size `held_blocks`; sent to a replica
-        that did not hold it, it moves there (a placement, or a move away from a home that lost it);
-        sent elsewhere while its home held it (a spill under load) it stays.
+        when neither it nor the home held any of it, it moves there (a placement, or a move away from
+        a home that lost it); sent elsewhere while either held it (a spill under load) it stays.
         """
         key = group_key(prefix_keys, self.group_blocks)
         if key is None:
@@ -192,7 +196,7 @@ class GroupLedger:
                 self._confirmed[key] = g
             if replica == g.home and held_blocks != g.blocks:
                 self._resize(g, key, float(held_blocks))
-        elif replica != g.home:
+        elif replica != g.home and held_on_home == 0:
             self._unclaim(g.home, key, g.blocks)
             g.home = replica
             self._claim(replica, key, g.blocks)
@@ -214,8 +218,7 @@ class GroupLedger:
         believed = r.believed_hits / r.believed_queries
         if believed > 0.05:
             real = r.real_hits / r.real_queries
-            ratio = max(self._min_reality, min(1.0, real / believed))
-            r.factor = 0.5 * r.factor + 0.5 * ratio
+            r.factor = 0.5 * r.factor + 0.5 * (real / believed)
         r.believed_hits = r.believed_queries = 0.0
         r.real_hits = r.real_queries = 0
 
@@ -240,6 +243,19 @@ class GroupLedger:
                 self._unclaim(g.home, key, g.blocks)
 
     # -- internals ---------------------------------------------------------------------------------
+
+    def _effective(self, capacity_blocks: Mapping[str, float]) -> dict[str, float]:
+        """Each known capacity times the replica's reality factor RELATIVE to the best candidate's:
+        what the index misses through its own approximations (byte-estimated tokens, index blocks
+        coarser than the engine's) is common to every replica and cancels; a replica evicting what
+        its peers keep stands out."""
+        reality = self._reality
+        factors = {n: reality[n].factor if n in reality else 1.0 for n in capacity_blocks}
+        best = max(factors.values(), default=1.0)
+        floor = self._min_reality
+        return {
+            n: c * max(floor, min(1.0, factors[n] / best)) for n, c in capacity_blocks.items() if c > 0
+        }
 
     def _believe(self, replica: str, held: int, blocks: int) -> None:
         r = self._reality.setdefault(replica, _Reality())

@@ -2,9 +2,12 @@
 
 Reads `ctx.kv_fit` (`policies.kv_fit.GroupFit`, built by the gateway from its group ledger). Neutral
 (1.0 for everyone) when there is no view, or when some candidate is believed to hold the prompt's
-leading blocks and its group's home still fits it: prefix affinity decides then, as without this
-scorer. Otherwise the group is being placed (new, or its home's picture lost it) or must move (its
-home holds more groups placed before it than `usable` x its capacity), and each candidate scores:
+leading blocks, its group's home still fits it and no longer holds the most of it (a group spilled
+over several replicas under load: prefix affinity and load decide, as without this scorer). When the
+home fits it and holds the most of it, the home scores 1.0 and the others `other`: a partial match
+(a prefix whose tail the index let go) is not lost to a replica with one request less in flight.
+Otherwise the group is being placed (new, or its home's picture lost it) or must move (its home
+holds more groups placed before it than `usable` x its capacity), and each candidate scores:
 
 - 1.0: the group fits there (what its groups claim + the group <= `usable` x capacity; on the home,
   only the groups placed before it count), and it is the home or the home does not fit;
@@ -13,7 +16,8 @@ home holds more groups placed before it than `usable` x its capacity), and each 
   when nothing fits (a working set beyond the fleet's KV still spreads instead of piling);
 - 1.0 for a replica of unknown capacity (not scraped yet): no reason to avoid it.
 
-A group that must move but fits nowhere stays (neutral): moving it would only evict it elsewhere.
+A placed group that fits nowhere stays on its home (its home scores 1.0, or neutral when a candidate
+holds it): moving it would only evict it elsewhere and start the same over there.
 
 With weight 5 next to prefix 3 and queue 2 (the `kv-fit` profile), a fitting replica beats a
 non-fitting one whatever the queue scores, and a group that must move leaves a home that holds it.
@@ -36,7 +40,7 @@ class KvFitScorer:
 
     name: str = "kv-fit"
     usable: float = 0.8
-    other: float = 0.6
+    other: float = 0.5
 
     def __post_init__(self) -> None:
         if not 0.0 < self.usable <= 1.0:
@@ -58,7 +62,12 @@ class KvFitScorer:
         match = ctx.prefix_match
         held = bool(match) and any(match.get(r.name) for r in candidates)
         if held and (home_fits or home is None or home_cap is None):
-            return [1.0] * count
+            on_home = match.get(home, 0) if home is not None else 0
+            if not home_fits or not on_home or on_home < max(match.get(r.name, 0) for r in candidates):
+                return [1.0] * count
+            # Its home fits it and holds the most of it: keep it there, even when a replica with a
+            # request less in flight outweighs a partial prefix match by queue depth alone.
+            return [1.0 if r.name == home else self.other for r in candidates]
         claimed = view.claimed
         out = []
         for r in candidates:
@@ -72,6 +81,8 @@ class KvFitScorer:
                 out.append(1.0 if r.name == home or not home_fits else self.other)
             else:
                 out.append(0.5 * room / demand)
-        if held and not any(v >= 0.5 for v in out):
-            return [1.0] * count  # it must move, but fits nowhere: moving would only evict it elsewhere
+        if home_cap is not None and not any(v >= 0.5 for v in out):
+            if held:
+                return [1.0] * count  # it must move but fits nowhere: moving would only evict it elsewhere
+            return [1.0 if r.name == home else v for r, v in zip(candidates, out, strict=True)]
         return out
