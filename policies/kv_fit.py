@@ -26,12 +26,14 @@ Pure: no I/O, no clock (every call takes `now`, the caller's monotonic seconds).
 
 from __future__ import annotations
 
+from array import array
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
 _EMPTY: Mapping[str, float] = MappingProxyType({})
+_KEPT_KEYS = 128  # leading keys kept of an unconfirmed group's first prompt (8 bytes each)
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,7 +44,8 @@ class GroupFit:
     - `home`: the replica the group was placed on, None for a group kvgate has not placed.
     - `ahead`: blocks claimed on `home` by groups placed there before this one (its own excluded).
     - `claimed`: replica -> blocks its active groups claim (this group's own claim excluded).
-    - `capacity`: replica -> its KV in index blocks, times its `reality` factor (missing: unknown).
+    - `room`: replica -> the blocks its groups may claim: `usable` x its KV in index blocks x its
+      relative `reality` factor (a replica missing from it has an unknown capacity).
     """
 
     group: int
@@ -50,7 +53,20 @@ class GroupFit:
     home: str | None = None
     ahead: float = 0.0
     claimed: Mapping[str, float] = field(default_factory=lambda: _EMPTY)
-    capacity: Mapping[str, float] = field(default_factory=lambda: _EMPTY)
+    room: Mapping[str, float] = field(default_factory=lambda: _EMPTY)
+
+    def fits(self, replica: str) -> bool | None:
+        """Whether the group fits on `replica` next to the groups it claims for (on its home: the
+        groups placed before it); None when the replica's capacity is unknown."""
+        room = self.room.get(replica)
+        if room is None:
+            return None
+        held = self.ahead if replica == self.home else self.claimed.get(replica, 0.0)
+        return held + self.blocks <= room
+
+    def demand(self, replica: str) -> float:
+        """What the replica's groups would claim with this one (on its home: those placed before it)."""
+        return (self.ahead if replica == self.home else self.claimed.get(replica, 0.0)) + self.blocks
 
 
 def group_key(prefix_keys: Sequence[int], group_blocks: int) -> int | None:
@@ -61,13 +77,29 @@ def group_key(prefix_keys: Sequence[int], group_blocks: int) -> int | None:
 
 
 class _Group:
-    __slots__ = ("blocks", "confirmed", "home", "seen")
+    """`first`: the leading keys (at most `_KEPT_KEYS`) of an unconfirmed group's first prompt, to
+    measure what its next prompt shares with it; dropped once the group is confirmed."""
 
-    def __init__(self, home: str, blocks: float, seen: float) -> None:
+    __slots__ = ("blocks", "confirmed", "first", "home", "seen")
+
+    def __init__(self, home: str, keys: Sequence[int], seen: float) -> None:
         self.home = home
-        self.blocks = blocks
+        self.blocks = float(len(keys))
         self.seen = seen
         self.confirmed = False
+        self.first: array[int] | None = array("Q", keys[:_KEPT_KEYS])
+
+
+def _shared(first: array[int], keys: Sequence[int]) -> int:
+    """Leading keys `keys` shares with `first` (chained keys: equal at i means equal up to i)."""
+    lo, hi = 0, min(len(first), len(keys))  # bisect for the first differing position
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if first[mid] == keys[mid]:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
 
 
 class _Reality:
@@ -99,12 +131,16 @@ class GroupLedger:
         max_groups: int = 50_000,
         min_window_blocks: float = 64.0,
         min_reality: float = 0.5,
+        usable: float = 0.8,
     ) -> None:
         if group_blocks < 1 or max_groups < 1:
             raise ValueError("group_blocks and max_groups must be >= 1")
+        if not 0 < usable <= 1:
+            raise ValueError(f"usable must be in (0, 1], got {usable}")
         if not (quiet_s > 0 and provisional_s > 0 and min_window_blocks > 0 and 0 < min_reality <= 1):
             raise ValueError("quiet_s, provisional_s, min_window_blocks must be > 0, min_reality in (0, 1]")
         self.group_blocks = group_blocks
+        self.usable = usable
         self._quiet_s = quiet_s
         self._provisional_s = provisional_s
         self._max_groups = max_groups
@@ -117,6 +153,7 @@ class GroupLedger:
         self._claimed: dict[str, float] = {}
         self._ahead: dict[str, dict[int, float]] = {}  # replica -> group -> blocks ahead (cache)
         self._reality: dict[str, _Reality] = {}
+        self._room: dict[str, float] = {}  # replica -> its room at the last fit_view naming it
 
     # -- reading -----------------------------------------------------------------------------------
 
@@ -152,15 +189,16 @@ class GroupLedger:
         self.expire(now)
         names = tuple(capacity_blocks)
         claimed = self._claimed
-        capacity = self._effective(capacity_blocks)
+        room = self._effective(capacity_blocks)
+        self._room.update(room)
         g = self._confirmed.get(key) or self._provisional.get(key)
         if g is None:
             return GroupFit(key, float(len(prefix_keys)), None, 0.0,
-                            {n: claimed.get(n, 0.0) for n in names}, capacity)  # fmt: skip
+                            {n: claimed.get(n, 0.0) for n in names}, room)  # fmt: skip
         others = {n: claimed.get(n, 0.0) for n in names}
         if g.home in others:
             others[g.home] -= g.blocks
-        return GroupFit(key, g.blocks, g.home, self._ahead_of(g.home, key), others, capacity)
+        return GroupFit(key, g.blocks, g.home, self._ahead_of(g.home, key), others, room)
 
     # -- writing -----------------------------------------------------------------------------------
 
@@ -170,10 +208,12 @@ class GroupLedger:
         """A prompt with these keys went to `replica`, which was believed to hold `held_blocks` of them
         (and its group's home `held_on_home`, when the home is another replica).
 
-        A new group is placed there (its home), claiming its prompt's blocks provisionally. A known
-        group reused on its home (held > 0) is confirmed with size `held_blocks`; sent to a replica
-        when neither it nor the home held any of it, it moves there (a placement, or a move away from
-        a home that lost it); sent elsewhere while either held it (a spill under load) it stays.
+        A new group is placed there (its home), claiming its prompt's blocks provisionally. Its next
+        prompt confirms it, its size what the two prompts share; later prompts on its home may grow
+        it (what the index held there). Sent to another replica, it moves there when neither that
+        replica nor its home held any of it (a placement: its home's picture lost it), or when its
+        home no longer has room for it and the new replica has (a move); otherwise it was a spill
+        under load and keeps its home.
         """
         key = group_key(prefix_keys, self.group_blocks)
         if key is None:
@@ -183,23 +223,29 @@ class GroupLedger:
         if g is None:
             g = self._provisional.get(key)
         if g is None:
-            g = _Group(replica, float(len(prefix_keys)), now)
+            g = _Group(replica, prefix_keys, now)
             self._provisional[key] = g
             self._claim(replica, key, g.blocks)
             self._bound()
             return
         g.seen = now
-        if held_blocks > 0:
-            if replica == g.home and not g.confirmed:
-                del self._provisional[key]
-                g.confirmed = True
-                self._confirmed[key] = g
-            if replica == g.home and held_blocks != g.blocks:
-                self._resize(g, key, float(held_blocks))
-        elif replica != g.home and held_on_home == 0:
-            self._unclaim(g.home, key, g.blocks)
-            g.home = replica
-            self._claim(replica, key, g.blocks)
+        if not g.confirmed and g.first is not None:
+            # Its first reuse: the first prompt's size was a guess; what the two share is the group.
+            # Measured on the keys, not on the index, whose LRU may have let the prefix's tail go.
+            del self._provisional[key]
+            g.confirmed = True
+            self._confirmed[key] = g
+            shared = _shared(g.first, prefix_keys)
+            g.first = None
+            self._resize(g, float(max(shared, held_blocks if replica == g.home else 0)))
+        elif replica == g.home and held_blocks > g.blocks:
+            self._resize(g, float(held_blocks))  # it grew (a conversation), as far as the index saw
+        if replica != g.home:
+            placed = held_blocks == 0 and held_on_home == 0
+            if placed or self._must_move(g, key, replica):
+                self._unclaim(g.home, key, g.blocks)
+                g.home = replica
+                self._claim(replica, key, g.blocks)
         (self._confirmed if g.confirmed else self._provisional).move_to_end(key)
 
     def observe_counters(self, replica: str, hits_tokens: int, queries_tokens: int) -> None:
@@ -231,6 +277,7 @@ class GroupLedger:
         self._claimed.pop(replica, None)
         self._ahead.pop(replica, None)
         self._reality.pop(replica, None)
+        self._room.pop(replica, None)
 
     def expire(self, now: float) -> None:
         """Forget groups quiet for longer than their lifetime."""
@@ -245,7 +292,8 @@ class GroupLedger:
     # -- internals ---------------------------------------------------------------------------------
 
     def _effective(self, capacity_blocks: Mapping[str, float]) -> dict[str, float]:
-        """Each known capacity times the replica's reality factor RELATIVE to the best candidate's:
+        """Each known capacity times `usable` and the replica's reality factor RELATIVE to the best
+        candidate's:
         what the index misses through its own approximations (byte-estimated tokens, index blocks
         coarser than the engine's) is common to every replica and cancels; a replica evicting what
         its peers keep stands out."""
@@ -253,9 +301,24 @@ class GroupLedger:
         factors = {n: reality[n].factor if n in reality else 1.0 for n in capacity_blocks}
         best = max(factors.values(), default=1.0)
         floor = self._min_reality
+        usable = self.usable
         return {
-            n: c * max(floor, min(1.0, factors[n] / best)) for n, c in capacity_blocks.items() if c > 0
+            n: usable * c * max(floor, min(1.0, factors[n] / best))
+            for n, c in capacity_blocks.items()
+            if c > 0
         }
+
+    def _must_move(self, g: _Group, key: int, replica: str) -> bool:
+        """The group's home has no room left for it (counting the groups placed there before it) and
+        `replica` has."""
+        home_room = self._room.get(g.home)
+        room = self._room.get(replica)
+        if home_room is None or room is None:
+            return False
+        return (
+            self._ahead_of(g.home, key) + g.blocks > home_room
+            and self._claimed.get(replica, 0.0) + g.blocks <= room
+        )
 
     def _believe(self, replica: str, held: int, blocks: int) -> None:
         r = self._reality.setdefault(replica, _Reality())
@@ -280,7 +343,7 @@ class GroupLedger:
             self._claimed[replica] = left if homes else 0.0
             self._ahead.pop(replica, None)
 
-    def _resize(self, g: _Group, key: int, blocks: float) -> None:
+    def _resize(self, g: _Group, blocks: float) -> None:
         self._claimed[g.home] = self._claimed.get(g.home, 0.0) + blocks - g.blocks
         g.blocks = blocks
         self._ahead.pop(g.home, None)
