@@ -16,8 +16,8 @@ also decides what "fits" means: the group's blocks next to those its replica's g
   must move), 0 where it does not, 1.0 for a replica of unknown capacity (not scraped yet).
 - It fits nowhere: a held group that must move stays (neutral: moving would only evict it
   elsewhere), a placed group goes back to its home (1.0 there, 0 elsewhere), and a new group goes
-  where it over-commits least (0.5 x room / demand), so a working set beyond the fleet's KV still
-  spreads instead of piling.
+  where it over-commits least (room / demand, min-max scaled to [0, 0.5]: one group more weighs
+  the whole 0.5), so a working set beyond the fleet's KV still spreads instead of piling.
 
 With weight 5 next to prefix 3 and queue 2 (the `kv-fit` profile), a fitting replica beats a
 non-fitting one whatever the prefix and queue scores, so a group that must move leaves a home that
@@ -77,5 +77,10 @@ class KvFitScorer:
             return [1.0] * count  # it must move but fits nowhere: moving would only evict it elsewhere
         if home_fits is not None:
             return [1.0 if r.name == home else 0.0 for r in candidates]  # it stays on its home
+        # A new group that fits nowhere: the least over-committed replica leads by the whole 0.5.
         room = view.room
-        return [0.5 * room.get(r.name, 0.0) / view.demand(r.name) for r in candidates]
+        ratios = [room.get(r.name, 0.0) / view.demand(r.name) for r in candidates]
+        low, high = min(ratios), max(ratios)
+        if high == low:
+            return [0.5] * count
+        return [0.5 * (v - low) / (high - low) for v in ratios]
