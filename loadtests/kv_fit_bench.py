@@ -11,7 +11,7 @@ second half) against how many groups its KV fits (replica KV tokens / one group'
     python -m loadtests.kv_fit_bench --replicas 2,4 --fractions 0.5,0.75,0.9 --seeds 0,1,2,3,4 \\
         --policies default,kv-fit
 
-Bounded: a few seconds of CPU per run.
+Bounded: a few seconds of CPU per run. `--cost` instead times the ledger and the scorer per request.
 """
 
 from __future__ import annotations
@@ -77,7 +77,11 @@ def _shared_tokens(tok: PromptTokenizer, specs: Sequence[RequestSpec]) -> int:
 
 
 def run_one(
-    policy: str, replicas: int, fraction: float, seed: int, question_tokens: int = QUESTION_TOKENS,
+    policy: str,
+    replicas: int,
+    fraction: float,
+    seed: int,
+    question_tokens: int = QUESTION_TOKENS,
     output_tokens: int = OUTPUT_TOKENS,
 ) -> Outcome:
     groups = groups_for(replicas, fraction)
@@ -119,6 +123,54 @@ def run_one(
     )  # fmt: skip
 
 
+def decision_cost(replicas: int = 16, groups: int = 2000, requests: int = 5000, seed: int = 0) -> str:
+    """Median and p99 of the ledger's view + the scorer + the ledger's update per request (no index,
+    no profile), over `groups` confirmed groups of 129-block prompts spread over `replicas`."""
+    import random
+    import time
+
+    from policies.kv_fit import GroupLedger
+    from policies.scheduling.context import SchedulingContext
+    from policies.scheduling.scorers.kv_fit import KvFitScorer
+    from policies.types import ReplicaState, RequestInfo
+
+    names = [f"r{i}" for i in range(replicas)]
+    candidates = [ReplicaState(name=n, url="", pool="m", num_gpu_blocks=25_000, block_size=16) for n in names]
+    capacity = {n: 25_000 * 16 / 64 for n in names}
+    ledger, scorer, rng = GroupLedger(), KvFitScorer(), random.Random(seed)
+
+    def prompt(g: int) -> tuple[int, ...]:
+        return (*(g * 1000 + i for i in range(128)), rng.getrandbits(60))
+
+    now = 0.0
+    for g in range(groups):
+        for _ in range(2):
+            now += 0.001
+            ledger.record(prompt(g), names[g % replicas], 0, now)
+    times = []
+    for _ in range(requests):
+        g = rng.randrange(groups)
+        keys, home = prompt(g), names[g % replicas]
+        now += 0.001
+        started = time.perf_counter_ns()
+        view = ledger.fit_view(keys, capacity, now)
+        info = RequestInfo(
+            model="m", base_model="m", adapter=None, prompt_tokens=1, max_tokens=1, prefix_keys=keys
+        )
+        ctx = SchedulingContext(
+            request=info, now=now, prefix_match={home: 128}, prefix_blocks=len(keys), kv_fit=view
+        )
+        scorer.score(ctx, candidates)
+        ledger.record(keys, home, 128, now)
+        times.append(time.perf_counter_ns() - started)
+    times.sort()
+    median, p99 = times[len(times) // 2] / 1e3, times[int(len(times) * 0.99)] / 1e3
+    return (
+        f"{replicas} replicas, {groups} groups, 129-block prompts: median {median:.1f} us, "
+        f"p99 {p99:.1f} us (view + score + update)"
+    )
+
+
 def _summary(rows: Sequence[Outcome]) -> str:
     lines = ["| replicas | working set | groups | policy | of oracle: worst / median | hit rate worst "
              "(oracle) | max groups on a replica: worst / median (fits) | splits |",
@@ -146,9 +198,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--fractions", default="0.5,0.75,0.9")
     p.add_argument("--seeds", default="0,1,2,3,4")
     p.add_argument("--policies", default="default,kv-fit")
+    p.add_argument("--cost", action="store_true", help="only time the ledger and scorer per request")
     p.add_argument("--question-tokens", type=int, default=QUESTION_TOKENS)
     p.add_argument("--output-tokens", type=int, default=OUTPUT_TOKENS)
     args = p.parse_args(argv)
+    if args.cost:
+        print(decision_cost(), flush=True)
+        return 0
     rows: list[Outcome] = []
     for replicas in (int(v) for v in args.replicas.split(",")):
         for fraction in (float(v) for v in args.fractions.split(",")):
