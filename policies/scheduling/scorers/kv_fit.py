@@ -66,6 +66,17 @@ class KvFitScorer:
             # request less in flight outweighs a partial prefix match by queue depth alone.
             return [1.0 if r.name == home else self.other for r in candidates]
         fits = [view.fits(r.name) for r in candidates]
+        if any(fits) and home is None:
+            # A new group: among the replicas it fits, the one whose groups claim least leads by 0.5
+            # (min-max: one group's difference weighs it all), so the groups spread evenly.
+            claimed = view.claimed
+            among = [claimed.get(r.name, 0.0) for r, f in zip(candidates, fits, strict=True) if f]
+            low, span = min(among), max(among) - min(among)
+            return [
+                1.0 if f is None else 0.0 if not f
+                else 1.0 if span == 0 else 1.0 - 0.5 * (claimed.get(r.name, 0.0) - low) / span
+                for r, f in zip(candidates, fits, strict=True)
+            ]  # fmt: skip
         if any(fits):
             other = self.other if home_fits else 1.0
             return [
