@@ -100,13 +100,12 @@ def test_new_groups_arriving_in_a_burst_on_a_loaded_replica_still_spread() -> No
     assert loop.groups_per_replica() == [6, 6]
 
 
-def test_groups_that_fit_one_replica_are_not_forced_apart() -> None:
+def test_new_groups_that_fit_everywhere_spread_by_what_each_replica_holds() -> None:
     loop = Loop()
     for _ in range(3):
-        for g in range(3):
-            loop.send(prompt(g))
-    assert max(loop.groups_per_replica()) <= 6
-    assert sum(loop.groups_per_replica()) == 3
+        for g in range(4):
+            loop.send(prompt(g), {"r0": 0, "r1": 2})  # the queue alone would put them all on r0
+    assert loop.groups_per_replica() == [2, 2]
 
 
 def test_a_home_that_keeps_missing_loses_its_newest_group() -> None:
