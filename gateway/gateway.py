@@ -213,7 +213,7 @@ class Gateway:
         if change & (FleetChange.LEFT | FleetChange.RESET):
             # Gone, or a new process at a new address: nothing kvgate sent it is cached there. A
             # replica that is only not ready keeps its entries (a readiness blip costs no cache).
-            self.router.index.remove_replica(replica)
+            self.router.forget_replica(replica)
         if FleetChange.DEPARTED in change and self._forwarder is not None:
             self._forwarder.replica_departed(replica)
         if FleetChange.LEFT in change:
@@ -221,6 +221,10 @@ class Gateway:
             self.credentials.forget(replica)
         elif change & (FleetChange.JOINED | FleetChange.RESET):
             self.credentials.update_replica(replica, self.fleet.spec(replica).config)
+        if FleetChange.METRICS in change:
+            counters = self.fleet.prefix_counters(replica)
+            if counters is not None:
+                self.router.observe_prefix_counters(replica, *counters)
         if FleetChange.CAPACITY in change:
             state = self.fleet.snapshot().by_name(replica)
             if state is not None and state.num_gpu_blocks > 0:

@@ -28,6 +28,7 @@ from gateway.reload import ReloadStep
 from gateway.tokenizers import PromptNotReproducible, PromptRejected, Tokenizer, prompt_ids, tokenizer_for
 from policies.exact_index import ExactIndex
 from policies.exact_keys import lazy_request_keys, pack_tokens
+from policies.kv_fit import GroupFit, GroupLedger, group_key
 from policies.prefix import TOKEN_ID_BYTES, byte_block_keys, seed_for
 from policies.prefix_index import PrefixIndex
 from policies.prefix_source import PrefixSource
@@ -36,6 +37,7 @@ from policies.scheduling.builtin_profiles import BUILTIN_PROFILE_NAMES, builtin_
 from policies.scheduling.context import SchedulingContext
 from policies.scheduling.profile import Decision, SchedulingProfile
 from policies.scheduling.registry import build_profile
+from policies.scheduling.scorers.kv_fit import KvFitScorer
 from policies.tenancy import estimate_prompt_tokens, estimate_tokens
 from policies.types import FleetSnapshot, RequestInfo
 
@@ -117,6 +119,11 @@ class Router:
             m.name: tokenizer_for(m.tokenizer) for m in config.models
         }
         self.exact: ExactSource | None = None  # set by the Gateway when replicas publish KV events
+        # Prefix groups and their homes, for the `kv-fit` scorer; kept only while the active profile
+        # has one (`groups_on`), so other profiles pay nothing for it.
+        self.groups = GroupLedger()
+        self._groups_on = _uses_kv_fit(self.profile)
+        self._now = 0.0
 
     def prepare(self, old: Config, new: Config) -> ReloadStep:
         """Reload (gateway/reload.py): the profiles and the active one, the pools' tokenizers (one
@@ -136,6 +143,7 @@ class Router:
             self.profiles = profiles
             self.profile = profiles[name]
             self.profile_name = name
+            self._groups_on = _uses_kv_fit(self.profile)
             self._tokenizers = tokenizers
 
         return ReloadStep(commit)
@@ -148,6 +156,7 @@ class Router:
             raise ValueError(f"no profile named {name!r} (known: {', '.join(sorted(self.profiles))})")
         self.profile = profile
         self.profile_name = name
+        self._groups_on = _uses_kv_fit(profile)
 
     async def prompt_facts_async(
         self, endpoint: str, body: Mapping[str, Any], base: str, adapter: str | None
@@ -211,7 +220,13 @@ class Router:
         if self.exact is not None and info.token_bytes and info.prefix_keys:
             match = self._exact_match(info, names, match, now)
         self._sequence += 1
+        self._now = now
         session_replica = self._sessions.get(info.session_id) if info.session_id else None
+        fit: GroupFit | None = None
+        if self._groups_on and info.prefix_keys:
+            per_block = 1.0 / self.index_block_tokens
+            capacity = {r.name: r.num_gpu_blocks * r.block_size * per_block for r in candidates}
+            fit = self.groups.fit_view(info.prefix_keys, capacity, now)
         ctx = SchedulingContext(
             request=info,
             now=now,
@@ -221,6 +236,7 @@ class Router:
             sequence=self._sequence,
             stale_after_s=self._stale_after,
             max_in_flight_per_replica=self._in_flight_cap,
+            kv_fit=fit,
         )
         return Routed(self.profile.schedule(ctx, candidates, self._rng), match)
 
@@ -250,6 +266,8 @@ class Router:
         if self.exact is not None:
             self.exact.dispatched(replica)
         if info.prefix_keys:
+            if self._groups_on:
+                self._record_group(info.prefix_keys, replica)
             self.index.record(replica, info.prefix_keys)
         if info.session_id:
             sessions = self._sessions
@@ -257,6 +275,30 @@ class Router:
             sessions.move_to_end(info.session_id)
             if len(sessions) > SESSION_MAP_SIZE:
                 sessions.popitem(last=False)
+
+
+    def _record_group(self, keys: tuple[int, ...], replica: str) -> None:
+        """Tell the group ledger what the index believed `replica` (and the group's home) held."""
+        home = self.groups.home_of(group_key(keys, self.groups.group_blocks))
+        names = (replica,) if home is None or home == replica else (replica, home)
+        held = self.index.match(keys, names)
+        on_home = held.get(home, 0) if home is not None and home != replica else 0
+        self.groups.record(keys, replica, held.get(replica, 0), self._now, on_home)
+
+    def observe_prefix_counters(self, replica: str, hits_tokens: int, queries_tokens: int) -> None:
+        """A scrape's cumulative prefix-cache counters of `replica`: the group ledger compares them
+        with the hits kvgate believed it would get there (belief against reality)."""
+        if self._groups_on:
+            self.groups.observe_counters(replica, hits_tokens, queries_tokens)
+
+    def forget_replica(self, replica: str) -> None:
+        """`replica` left or restarted: nothing kvgate sent it is cached there any more."""
+        self.index.remove_replica(replica)
+        self.groups.forget_replica(replica)
+
+
+def _uses_kv_fit(profile: SchedulingProfile) -> bool:
+    return any(isinstance(w.scorer, KvFitScorer) for w in profile.weighted_scorers)
 
 
 def _text_chars(endpoint: str, body: Mapping[str, Any]) -> int:

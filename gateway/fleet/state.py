@@ -177,6 +177,14 @@ class FleetState:
         record = self._records.get(replica)
         return None if record is None else record.kv_capacity_tokens
 
+    def prefix_counters(self, replica: str) -> tuple[int, int] | None:
+        """(prefix-cache hit tokens, query tokens) since the replica started, from its last good
+        scrape; None before the first (and for a name the fleet does not know)."""
+        record = self._records.get(replica)
+        if record is None or record.metrics is None:
+            return None
+        return record.metrics.prefix_hits_tokens, record.metrics.prefix_queries_tokens
+
     def scrape_age_s(self, replica: str) -> float | None:
         """Seconds since the replica's last good scrape; None before the first (or unknown name)."""
         record = self._records.get(replica)

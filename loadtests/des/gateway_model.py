@@ -158,7 +158,12 @@ class GatewayModel:
         self.fleet.record_scrape(self.names[replica], metrics)
 
     def _on_fleet_change(self, replica: str, change: FleetChange) -> None:
-        # As Gateway._on_fleet_change: the index forgets when the replica's cache would.
+        # As Gateway._on_fleet_change: the index forgets when the replica's cache would, and the
+        # group ledger sees the replica's prefix-cache counters.
+        if FleetChange.METRICS in change:
+            counters = self.fleet.prefix_counters(replica)
+            if counters is not None:
+                self.router.observe_prefix_counters(replica, *counters)
         if FleetChange.CAPACITY in change:
             state = self.fleet.snapshot().by_name(replica)
             if state is not None and state.num_gpu_blocks > 0:

@@ -5,6 +5,7 @@
   depth, LoRA locality, session affinity (kv-headroom and kv-full are available to custom profiles;
   the benchmark found them harmful with shared prefixes, see the comment on the spec); the
   `near-best` picker, so several gateway processes do not herd or scatter prefixes.
+- `kv-fit`: `default` plus the `kv-fit` scorer (placement that respects each replica's KV capacity).
 - `round-robin`, `least-loaded` (queue depth only), `prefix-only` and `random`: the baselines the
   benchmark compares against. They keep only the membership filters (the hard ones and slow-start),
   so they differ from `default` in how they choose, not in whether they can serve.
@@ -69,6 +70,25 @@ _SPECS: dict[str, dict[str, Any]] = {
         # blocks, so the processes agree on a prefix's replica without sharing state (docs/benchmarks.md,
         # "Hit rate and goodput vs number of gateways"). 0.25 is below the smallest step of these
         # scorers (an active adapter over a free slot: 0.5), so only near-ties are drawn.
+        "picker": {"type": "near-best", "params": {"margin": 0.25, "hash_blocks": 4}},
+    },
+    # `default` plus placement that respects KV capacity (issue #11, docs/benchmarks.md "Placement that
+    # respects KV capacity"): a new prefix group goes to a replica whose KV fits it next to the groups
+    # it already holds, and a group leaves a home that cannot hold it. Weight 5: a fit outweighs the
+    # whole queue-depth range (2), and a move outweighs a held prefix (3 x its matched share).
+    "kv-fit": {
+        "filters": [
+            *_BASE_FILTERS,
+            {"type": "fresh"},
+            {"type": "load-guard", "params": {"abs_slack": 16.0, "rel_slack": 1.0}},
+        ],
+        "scorers": [
+            {"type": "prefix-affinity", "weight": 3.0},
+            {"type": "queue-depth", "weight": 2.0},
+            {"type": "lora-locality", "weight": 1.0},
+            {"type": "session-affinity", "weight": 1.0},
+            {"type": "kv-fit", "weight": 5.0},
+        ],
         "picker": {"type": "near-best", "params": {"margin": 0.25, "hash_blocks": 4}},
     },
     "round-robin": {

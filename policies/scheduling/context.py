@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from policies.kv_fit import GroupFit
 from policies.types import RequestInfo
 
 
@@ -21,6 +22,8 @@ class SchedulingContext:
     - `sequence`: a per-gateway request counter, so a stateless round-robin picker can rotate.
     - `stale_after_s`: a scrape older than this (seconds) makes a replica stale.
     - `max_in_flight_per_replica`: the requests flow control lets one replica hold (None: no cap).
+    - `kv_fit`: the request's prefix group as the gateway's group ledger sees it (`policies.kv_fit`),
+      for the `kv-fit` scorer; None when the active profile has no such scorer or the prompt no keys.
     """
 
     request: RequestInfo
@@ -31,3 +34,4 @@ class SchedulingContext:
     sequence: int = 0
     stale_after_s: float = 1.0
     max_in_flight_per_replica: int | None = None
+    kv_fit: GroupFit | None = None

@@ -40,6 +40,7 @@ from policies.scheduling.pickers.near_best import NearBestPicker
 from policies.scheduling.pickers.random_order import RandomPicker
 from policies.scheduling.pickers.round_robin import RoundRobinPicker
 from policies.scheduling.profile import SchedulingProfile, WeightedScorer
+from policies.scheduling.scorers.kv_fit import KvFitScorer
 from policies.scheduling.scorers.kv_headroom import KvHeadroomScorer
 from policies.scheduling.scorers.least_inflight_tokens import LeastInflightTokensScorer
 from policies.scheduling.scorers.lora_locality import LoraLocalityScorer
@@ -77,6 +78,7 @@ _SCORERS: dict[str, type[Scorer]] = {
     "lora-locality": LoraLocalityScorer,
     "session-affinity": SessionAffinityScorer,
     "least-inflight-tokens": LeastInflightTokensScorer,
+    "kv-fit": KvFitScorer,
 }
 _PICKERS: dict[str, type[Picker]] = {
     "max-score": MaxScorePicker,

@@ -13,7 +13,15 @@ HOT = {"a": 128}  # replica a holds the whole 128-block prompt
 
 
 def test_the_names_the_benchmark_compares() -> None:
-    assert set(BUILTIN_PROFILE_NAMES) == {"default", "round-robin", "least-loaded", "prefix-only", "random"}
+    assert set(BUILTIN_PROFILE_NAMES) == {
+        "default", "kv-fit", "round-robin", "least-loaded", "prefix-only", "random"
+    }
+
+
+def test_kv_fit_is_the_default_plus_the_kv_fit_scorer() -> None:
+    default, kv_fit = builtin_profile_spec("default"), builtin_profile_spec("kv-fit")
+    assert kv_fit["filters"] == default["filters"] and kv_fit["picker"] == default["picker"]
+    assert kv_fit["scorers"] == [*default["scorers"], {"type": "kv-fit", "weight": 5.0}]
 
 
 @pytest.mark.parametrize("name", BUILTIN_PROFILE_NAMES)
