@@ -5,6 +5,12 @@
   depth, LoRA locality, session affinity (kv-headroom and kv-full are available to custom profiles;
   the benchmark found them harmful with shared prefixes, see the comment on the spec); the
   `near-best` picker, so several gateway processes do not herd or scatter prefixes.
+- `weighted`: an exact copy of `default` (the weighted sum of unit-less scores), so it stays
+  selectable by name whatever `default` becomes.
+- `predicted-latency`: the membership filters and `fresh`, then the replica with the least predicted
+  time to first token (`policies.latency`: uncached prefill ahead of the request and its own, at
+  each replica's calibrated rate), which counts prefix affinity as the tokens it saves; a small
+  LoRA-locality term breaks near-ties towards a resident adapter.
 - `round-robin`, `least-loaded` (queue depth only), `prefix-only` and `random`: the baselines the
   benchmark compares against. They keep only the membership filters (the hard ones and slow-start),
   so they differ from `default` in how they choose, not in whether they can serve.
@@ -71,6 +77,18 @@ _SPECS: dict[str, dict[str, Any]] = {
         # scorers (an active adapter over a free slot: 0.5), so only near-ties are drawn.
         "picker": {"type": "near-best", "params": {"margin": 0.25, "hash_blocks": 4}},
     },
+    "predicted-latency": {
+        # No load-guard and no queue-depth: the model prices the queue in seconds. `fresh` stays soft
+        # as in `default` (a stale replica's queue is only known from kvgate's own ledger).
+        "filters": [*_BASE_FILTERS, {"type": "fresh"}],
+        "scorers": [
+            {"type": "predicted-latency", "weight": 1.0},
+            {"type": "lora-locality", "weight": 0.1},
+        ],
+        # near-best at 5% of the best TTFT: near-ties of a new prompt go where a rendezvous hash of
+        # its first blocks says, so several gateway processes agree on a new prefix's replica.
+        "picker": {"type": "near-best", "params": {"margin": 0.05, "hash_blocks": 4}},
+    },
     "round-robin": {
         "filters": [*_BASE_FILTERS],
         "scorers": [],
@@ -92,6 +110,8 @@ _SPECS: dict[str, dict[str, Any]] = {
         "picker": {"type": "random"},
     },
 }
+
+_SPECS["weighted"] = copy.deepcopy(_SPECS["default"])  # today's default, by a name that stays
 
 BUILTIN_PROFILE_NAMES: tuple[str, ...] = tuple(_SPECS)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from policies.latency.estimator import LatencyEstimator
 from policies.types import RequestInfo
 
 
@@ -21,6 +22,9 @@ class SchedulingContext:
     - `sequence`: a per-gateway request counter, so a stateless round-robin picker can rotate.
     - `stale_after_s`: a scrape older than this (seconds) makes a replica stale.
     - `max_in_flight_per_replica`: the requests flow control lets one replica hold (None: no cap).
+    - `latency`: the per-replica latency models (`policies.latency`), for scorers that predict TTFT
+      and TPOT; None where the caller keeps none. Predictions are computed by the scorers that ask,
+      so a profile without such a scorer pays nothing for it.
     """
 
     request: RequestInfo
@@ -31,3 +35,4 @@ class SchedulingContext:
     sequence: int = 0
     stale_after_s: float = 1.0
     max_in_flight_per_replica: int | None = None
+    latency: LatencyEstimator | None = None

@@ -13,7 +13,22 @@ HOT = {"a": 128}  # replica a holds the whole 128-block prompt
 
 
 def test_the_names_the_benchmark_compares() -> None:
-    assert set(BUILTIN_PROFILE_NAMES) == {"default", "round-robin", "least-loaded", "prefix-only", "random"}
+    assert set(BUILTIN_PROFILE_NAMES) == {
+        "default", "weighted", "predicted-latency", "round-robin", "least-loaded", "prefix-only", "random"
+    }  # fmt: skip
+
+
+def test_weighted_is_todays_default_by_name() -> None:
+    assert builtin_profile_spec("weighted") == builtin_profile_spec("default")
+    spec = builtin_profile_spec("weighted")
+    spec["scorers"].clear()
+    assert builtin_profile_spec("default")["scorers"]
+
+
+def test_predicted_latency_profile() -> None:
+    spec = builtin_profile_spec("predicted-latency")
+    assert [s["type"] for s in spec["scorers"]] == ["predicted-latency", "lora-locality"]
+    assert "load-guard" not in [f["type"] for f in spec["filters"]]
 
 
 @pytest.mark.parametrize("name", BUILTIN_PROFILE_NAMES)
