@@ -137,7 +137,7 @@ class LatencyEstimator:
             return None
         model = self._models.get(p.replica)
         if model is not None and p.fresh:
-            model.observe_ttft(p.ahead_tokens, p.uncached_tokens, ttft_s)
+            model.observe_ttft(p.ahead_tokens, p.uncached_tokens, p.batch_kv_tokens, ttft_s)
         return abs(p.ttft_s - ttft_s) / ttft_s
 
     def observe_tpot(self, p: Prediction, tpot_s: float) -> bool:

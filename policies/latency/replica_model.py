@@ -1,7 +1,9 @@
 """One replica's latency model: what a new request would wait there for its first token, and between
 tokens, from the work kvgate believes is ahead of it.
 
-TTFT = a + b x (tokens ahead + own uncached tokens) / 1000, never below one predicted decode step.
+TTFT = a + b x (tokens ahead + own uncached tokens) / 1000, plus half a predicted decode step when
+the replica is busy (a request arriving mid-step waits for the step under way to end: half of one on
+average), never below one predicted decode step.
 
 - own uncached tokens: the prompt minus the prefix the index believes the replica holds (the caller
   works it out: `LatencyEstimator.uncached_tokens`);
@@ -62,9 +64,11 @@ class ReplicaLatencyModel:
     # -- predictions ----------------------------------------------------------------------------
 
     def ttft_s(self, ahead: float, uncached: float, batch_kv: float) -> float:
+        step = self.tpot.predict(batch_kv / TPOT_X_TOKENS)
         ttft = self.ttft.predict((ahead + uncached) / TTFT_X_TOKENS)
-        floor = self.tpot.predict(batch_kv / TPOT_X_TOKENS)
-        return ttft if ttft > floor else floor
+        if batch_kv > 0:  # busy: the step under way ends first
+            ttft += 0.5 * step
+        return ttft if ttft > step else step
 
     def tpot_s(self, batch_kv: float) -> float:
         return self.tpot.predict(batch_kv / TPOT_X_TOKENS)
@@ -84,7 +88,9 @@ class ReplicaLatencyModel:
         self.pending_tokens = max(self.pending_tokens - uncached, 0)
         self.pending_requests = max(self.pending_requests - 1, 0)
 
-    def observe_ttft(self, ahead: float, uncached: float, ttft_s: float) -> bool:
+    def observe_ttft(self, ahead: float, uncached: float, batch_kv: float, ttft_s: float) -> bool:
+        if batch_kv > 0:  # the prefill's own part: without the wait for the step under way
+            ttft_s -= 0.5 * self.tpot.predict(batch_kv / TPOT_X_TOKENS)
         return self.ttft.update((ahead + uncached) / TTFT_X_TOKENS, ttft_s)
 
     def observe_tpot(self, batch_kv: float, tpot_s: float) -> bool:

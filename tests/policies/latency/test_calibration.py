@@ -23,8 +23,10 @@ def state(name: str = "r", **fields: object) -> ReplicaState:
     return ReplicaState(name=name, **values)  # type: ignore[arg-type]
 
 
-def true_ttft(p: LatencyPrior, tokens: float) -> float:
-    return p.ttft_fixed_s + p.prefill_s_per_token * tokens
+def true_ttft(p: LatencyPrior, tokens: float, batch_kv: float = 0.0) -> float:
+    """A replica's real TTFT: fixed + prefill, and when busy half of the decode step under way."""
+    busy = 0.5 * true_tpot(p, batch_kv) if batch_kv > 0 else 0.0
+    return p.ttft_fixed_s + p.prefill_s_per_token * tokens + busy
 
 
 def true_tpot(p: LatencyPrior, kv: float) -> float:
@@ -40,7 +42,8 @@ def feed(est: LatencyEstimator, name: str, truth: LatencyPrior, rng: random.Rand
         est.dispatched(ticket)
         noise = rng.uniform(0.95, 1.05)
         est.prefilled(ticket)
-        est.observe_ttft(ticket, true_ttft(truth, ticket.ahead_tokens + uncached) * noise)
+        actual = true_ttft(truth, ticket.ahead_tokens + uncached, ticket.batch_kv_tokens)
+        est.observe_ttft(ticket, actual * noise)
         est.observe_tpot(ticket, true_tpot(truth, ticket.batch_kv_tokens) * rng.uniform(0.95, 1.05))
 
 
@@ -55,6 +58,9 @@ def test_converges_to_the_true_rates_from_priors_2x_off(factor: float) -> None:
     assert m.tpot.b / TPOT_X_TOKENS == pytest.approx(TRUE.decode_s_per_kv_token, rel=0.2)
     for tokens in (500, 2000, 6000):
         assert est.ttft_s(state("r"), tokens, NOW, 1.0) == pytest.approx(true_ttft(TRUE, tokens), rel=0.05)
+        busy = state("r", in_flight=4, in_flight_tokens=50_000)
+        expected = true_ttft(TRUE, tokens, 50_000)
+        assert est.ttft_s(busy, tokens, NOW, 1.0) == pytest.approx(expected, rel=0.05)
 
 
 def test_replicas_of_different_speeds_are_calibrated_apart() -> None:
