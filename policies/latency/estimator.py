@@ -14,7 +14,7 @@ single-threaded: the caller passes `now` and owns the instance.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
 
@@ -95,6 +95,34 @@ class LatencyEstimator:
         return model.ttft_s(
             model.tokens_ahead(state, fresh), uncached, model.batch_kv_tokens(state, fresh)
         )
+
+    def costs(
+        self,
+        states: Sequence[ReplicaState],
+        uncached: Sequence[int],
+        now: float,
+        stale_after_s: float,
+        work_weight: float = 0.0,
+    ) -> list[float]:
+        """`ttft_s` of each state (with its `uncached` tokens), plus `work_weight` x `prefill_s`: the
+        scorer's loop, in one pass (the request path calls it for every candidate)."""
+        models = self._models
+        out = []
+        for state, own in zip(states, uncached, strict=True):
+            model = models.get(state.name) or self.model(state.name, state.pool)
+            scraped = state.scraped_at
+            fresh = scraped is not None and now - scraped <= stale_after_s
+            t = model.ttft_s(model.tokens_ahead(state, fresh), own, model.batch_kv_tokens(state, fresh))
+            if work_weight:
+                t += work_weight * model.prefill_s(own)
+            out.append(t)
+        return out
+
+    def prefill_s(self, state: ReplicaState, uncached: int) -> float:
+        """Seconds of `state`'s replica's compute that `uncached` prefill tokens take (the marginal
+        part of the TTFT fit: without its fixed cost)."""
+        model = self._models.get(state.name) or self.model(state.name, state.pool)
+        return model.prefill_s(uncached)
 
     def tpot_s(self, state: ReplicaState, now: float, stale_after_s: float) -> float:
         """Predicted seconds between two output tokens on `state`'s replica now."""

@@ -70,6 +70,9 @@ class ReplicaLatencyModel:
             ttft += 0.5 * step
         return ttft if ttft > step else step
 
+    def prefill_s(self, uncached: float) -> float:
+        return self.ttft.b * uncached / TTFT_X_TOKENS
+
     def tpot_s(self, batch_kv: float) -> float:
         return self.tpot.predict(batch_kv / TPOT_X_TOKENS)
 

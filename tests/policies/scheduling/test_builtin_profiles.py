@@ -27,7 +27,7 @@ def test_weighted_is_todays_default_by_name() -> None:
 
 def test_predicted_latency_profile() -> None:
     spec = builtin_profile_spec("predicted-latency")
-    assert [s["type"] for s in spec["scorers"]] == ["predicted-latency", "lora-locality"]
+    assert [s["type"] for s in spec["scorers"]] == ["predicted-latency", "prefix-affinity", "lora-locality"]
     assert "load-guard" not in [f["type"] for f in spec["filters"]]
 
 
