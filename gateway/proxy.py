@@ -237,6 +237,15 @@ class ProxyEndpoint:
         def on_first_chunk(r: ReplicaState) -> None:
             attempt[2] = True
             latency.first_token(attempt[0], time.perf_counter() - attempt[1])
+            gw.router.latency.step_seen(r.name, gw.clock())
+
+        itl = gw.model_routes.itl_observer(res, gw.metrics.for_model(info.base_model).itl.observe)
+        step_seen = gw.router.latency.step_seen
+        clock = gw.clock
+
+        def observe_itl(gap: float) -> None:
+            itl(gap)
+            step_seen(attempt[0].replica, clock())  # a step of that replica just ended
 
         def on_attempt_end(r: ReplicaState) -> None:
             gw.fleet.finished(r.name, tokens)
@@ -267,7 +276,7 @@ class ProxyEndpoint:
             response_headers=headers,
             on_attempt=on_attempt,
             on_attempt_end=on_attempt_end,
-            observe_itl=gw.model_routes.itl_observer(res, gw.metrics.for_model(info.base_model).itl.observe),
+            observe_itl=observe_itl,
             on_first_chunk=on_first_chunk,
             upstream_headers=(rid,),
             rerank=lambda: gw.router.decide(info, gw.fleet.snapshot(), gw.clock()).decision.ranked,

@@ -235,6 +235,10 @@ class GatewayModel:
         self.routed += 1
         return Routed(self._index_of[winner], info, tokens, int(matched), self.number, ticket, now)
 
+    def step_seen(self, replica: int, now: float) -> None:
+        """A chunk of a stream on `replica` reached the gateway now (a step there ended)."""
+        self.router.latency.step_seen(self.names[replica], now)
+
     def first_token(self, routed: Routed, now: float) -> None:
         """`routed`'s first token reached the gateway now (as the proxy's first chunk)."""
         if routed.ticket is not None:

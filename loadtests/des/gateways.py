@@ -150,6 +150,11 @@ class Gateways:
                 if model.number != routed.gateway:
                     model.count_dispatch(routed)
 
+    def step_seen(self, replica: int, now: float) -> None:
+        """A step of `replica` produced tokens now: every gateway relaying a stream there sees it."""
+        for model in self.models:
+            model.step_seen(replica, now)
+
     def first_token(self, routed: Routed, now: float) -> None:
         """`routed`'s first token came back now (its gateway's latency model observes it)."""
         self.models[routed.gateway].first_token(routed, now)

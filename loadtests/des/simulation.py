@@ -339,6 +339,8 @@ class Simulation:
         self._start_step(rep, end)  # the live driver steps again before its handlers write
         point = self._require()
         get = point.open.get
+        if result.tokens:
+            self.gateways.step_seen(rep.index, end)
         if point.record_chunks:
             for rid, _, index, _ in result.tokens:
                 o = get(rid)

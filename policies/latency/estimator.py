@@ -32,6 +32,7 @@ class Prediction:
     ahead_tokens: float
     uncached_tokens: int
     batch_kv_tokens: float
+    wait_s: float  # predicted rest of the step under way
     ttft_s: float
     tpot_s: float
     fresh: bool  # the replica's scrape was fresh at dispatch: observations may calibrate
@@ -92,9 +93,8 @@ class LatencyEstimator:
         prefill, on `state`'s replica now."""
         model = self._models.get(state.name) or self.model(state.name, state.pool)
         fresh = state.scraped_at is not None and now - state.scraped_at <= stale_after_s
-        return model.ttft_s(
-            model.tokens_ahead(state, fresh), uncached, model.batch_kv_tokens(state, fresh)
-        )
+        batch = model.batch_kv_tokens(state, fresh)
+        return model.ttft_s(model.tokens_ahead(state, fresh), uncached, batch, model.wait_s(batch, now))
 
     def costs(
         self,
@@ -112,7 +112,8 @@ class LatencyEstimator:
             model = models.get(state.name) or self.model(state.name, state.pool)
             scraped = state.scraped_at
             fresh = scraped is not None and now - scraped <= stale_after_s
-            t = model.ttft_s(model.tokens_ahead(state, fresh), own, model.batch_kv_tokens(state, fresh))
+            batch = model.batch_kv_tokens(state, fresh)
+            t = model.ttft_s(model.tokens_ahead(state, fresh), own, batch, model.wait_s(batch, now))
             if work_weight:
                 t += work_weight * model.prefill_s(own)
             out.append(t)
@@ -136,13 +137,15 @@ class LatencyEstimator:
         fresh = state.scraped_at is not None and now - state.scraped_at <= stale_after_s
         ahead = model.tokens_ahead(state, fresh)
         batch = model.batch_kv_tokens(state, fresh)
+        wait = model.wait_s(batch, now)
         return Prediction(
             replica=state.name,
             pool=state.pool,
             ahead_tokens=ahead,
             uncached_tokens=uncached,
             batch_kv_tokens=batch,
-            ttft_s=model.ttft_s(ahead, uncached, batch),
+            wait_s=wait,
+            ttft_s=model.ttft_s(ahead, uncached, batch, wait),
             tpot_s=model.tpot_s(batch),
             fresh=fresh,
         )
@@ -165,8 +168,15 @@ class LatencyEstimator:
             return None
         model = self._models.get(p.replica)
         if model is not None and p.fresh:
-            model.observe_ttft(p.ahead_tokens, p.uncached_tokens, p.batch_kv_tokens, ttft_s)
+            model.observe_ttft(p.ahead_tokens, p.uncached_tokens, p.wait_s, ttft_s)
         return abs(p.ttft_s - ttft_s) / ttft_s
+
+    def step_seen(self, replica: str, at: float) -> None:
+        """A chunk of one of kvgate's streams on `replica` came at `at` (the caller's clock, as `now`):
+        a step of that replica ended then, which dates the next one."""
+        model = self._models.get(replica)
+        if model is not None:
+            model.last_step_at = at
 
     def observe_tpot(self, p: Prediction, tpot_s: float) -> bool:
         """Ticket `p`'s request's mean time between output tokens was `tpot_s`. True when calibrated."""

@@ -1,9 +1,10 @@
 """One replica's latency model: what a new request would wait there for its first token, and between
 tokens, from the work kvgate believes is ahead of it.
 
-TTFT = a + b x (tokens ahead + own uncached tokens) / 1000, plus half a predicted decode step when
-the replica is busy (a request arriving mid-step waits for the step under way to end: half of one on
-average), never below one predicted decode step.
+TTFT = wait + a + b x (tokens ahead + own uncached tokens) / 1000, never below one predicted decode
+step. `wait` is what is left of the step under way on a busy replica: kvgate relays every token of its
+streams, so it knows when the replica's last step ended (`step_seen`) and the next ends one predicted
+step later; without a recent chunk to date it, half a step (the mean wait of an arrival mid-step).
 
 - own uncached tokens: the prompt minus the prefix the index believes the replica holds (the caller
   works it out: `LatencyEstimator.uncached_tokens`);
@@ -35,7 +36,9 @@ _MEAN_WEIGHT = 0.1  # EWMA weight of one dispatch in the mean uncached prompt
 class ReplicaLatencyModel:
     """Mutable per-replica state: two fits, the pending-prefill ledger and a mean uncached prompt."""
 
-    __slots__ = ("mean_uncached", "pending_requests", "pending_tokens", "prior", "tpot", "ttft")
+    __slots__ = (
+        "last_step_at", "mean_uncached", "pending_requests", "pending_tokens", "prior", "tpot", "ttft"
+    )  # fmt: skip
 
     def __init__(self, prior: LatencyPrior) -> None:
         self.prior = prior
@@ -44,6 +47,7 @@ class ReplicaLatencyModel:
         self.pending_tokens = 0  # uncached prefill tokens of kvgate's requests awaiting a first token
         self.pending_requests = 0
         self.mean_uncached = 0.0  # of kvgate's dispatches here: prices a scraped waiting request
+        self.last_step_at: float | None = None  # when a chunk of one of kvgate's streams here came
 
     # -- inputs ---------------------------------------------------------------------------------
 
@@ -63,11 +67,19 @@ class ReplicaLatencyModel:
 
     # -- predictions ----------------------------------------------------------------------------
 
-    def ttft_s(self, ahead: float, uncached: float, batch_kv: float) -> float:
+    def wait_s(self, batch_kv: float, now: float) -> float:
+        """What is left of the step under way (0 when idle)."""
+        if batch_kv <= 0:
+            return 0.0
         step = self.tpot.predict(batch_kv / TPOT_X_TOKENS)
-        ttft = self.ttft.predict((ahead + uncached) / TTFT_X_TOKENS)
-        if batch_kv > 0:  # busy: the step under way ends first
-            ttft += 0.5 * step
+        last = self.last_step_at
+        if last is not None and 0.0 <= now - last < step:
+            return step - (now - last)
+        return 0.5 * step
+
+    def ttft_s(self, ahead: float, uncached: float, batch_kv: float, wait: float) -> float:
+        step = self.tpot.predict(batch_kv / TPOT_X_TOKENS)
+        ttft = wait + self.ttft.predict((ahead + uncached) / TTFT_X_TOKENS)
         return ttft if ttft > step else step
 
     def prefill_s(self, uncached: float) -> float:
@@ -91,10 +103,9 @@ class ReplicaLatencyModel:
         self.pending_tokens = max(self.pending_tokens - uncached, 0)
         self.pending_requests = max(self.pending_requests - 1, 0)
 
-    def observe_ttft(self, ahead: float, uncached: float, batch_kv: float, ttft_s: float) -> bool:
-        if batch_kv > 0:  # the prefill's own part: without the wait for the step under way
-            ttft_s -= 0.5 * self.tpot.predict(batch_kv / TPOT_X_TOKENS)
-        return self.ttft.update((ahead + uncached) / TTFT_X_TOKENS, ttft_s)
+    def observe_ttft(self, ahead: float, uncached: float, wait: float, ttft_s: float) -> bool:
+        # The prefill's own part: without the predicted wait for the step under way.
+        return self.ttft.update((ahead + uncached) / TTFT_X_TOKENS, ttft_s - wait)
 
     def observe_tpot(self, batch_kv: float, tpot_s: float) -> bool:
         return self.tpot.update(batch_kv / TPOT_X_TOKENS, tpot_s)

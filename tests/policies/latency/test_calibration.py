@@ -171,3 +171,23 @@ def test_prior_validation_and_roofline() -> None:
 def test_prediction_is_a_plain_value() -> None:
     t = LatencyEstimator(16).predict(state("r"), 100, NOW, 1.0)
     assert isinstance(t, Prediction) and t.replica == "r" and t.pool == "m" and t.ttft_s > 0
+
+
+def test_the_step_under_way_is_dated_by_the_last_chunk() -> None:
+    est = LatencyEstimator(16, default_prior=TRUE)
+    busy = state("r", in_flight=4, in_flight_tokens=50_000)
+    step = true_tpot(TRUE, 50_000)
+    undated = est.predict(busy, 500, NOW, 1.0)
+    assert undated.wait_s == pytest.approx(0.5 * step)  # no chunk seen yet: half a step on average
+    est.step_seen("r", NOW - 0.25 * step)
+    dated = est.predict(busy, 500, NOW, 1.0)
+    assert dated.wait_s == pytest.approx(0.75 * step)
+    assert dated.ttft_s - undated.ttft_s == pytest.approx(0.25 * step)
+    est.step_seen("r", NOW - 3 * step)  # overdue (a long step, or the stream ended): undated again
+    assert est.predict(busy, 500, NOW, 1.0).wait_s == pytest.approx(0.5 * step)
+    assert est.predict(state("r"), 500, NOW, 1.0).wait_s == 0.0  # idle: nothing under way
+    # Calibration takes the prefill's own part: the predicted wait comes off the observation.
+    est.dispatched(dated)
+    est.prefilled(dated)
+    est.observe_ttft(dated, dated.ttft_s)
+    assert est.predict(busy, 500, NOW, 1.0).ttft_s == pytest.approx(undated.ttft_s, rel=0.01)
