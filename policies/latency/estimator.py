@@ -112,11 +112,7 @@ class LatencyEstimator:
             model = models.get(state.name) or self.model(state.name, state.pool)
             scraped = state.scraped_at
             fresh = scraped is not None and now - scraped <= stale_after_s
-            batch = model.batch_kv_tokens(state, fresh)
-            t = model.ttft_s(model.tokens_ahead(state, fresh), own, batch, model.wait_s(batch, now))
-            if work_weight:
-                t += work_weight * model.prefill_s(own)
-            out.append(t)
+            out.append(model.cost_s(state, fresh, own, now, work_weight))
         return out
 
     def prefill_s(self, state: ReplicaState, uncached: int) -> float:

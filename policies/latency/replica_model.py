@@ -82,6 +82,35 @@ class ReplicaLatencyModel:
         ttft = wait + self.ttft.predict((ahead + uncached) / TTFT_X_TOKENS)
         return ttft if ttft > step else step
 
+    def cost_s(
+        self, state: ReplicaState, fresh: bool, uncached: float, now: float, work_weight: float
+    ) -> float:
+        """`ttft_s` from `state`'s inputs, plus `work_weight` x `prefill_s(uncached)`: the scorer's
+        per-candidate call, inlined (the same arithmetic as the methods above, about 3x faster)."""
+        # batch_kv_tokens
+        batch = float(state.in_flight_tokens)
+        if fresh and state.running > state.in_flight:
+            per_request = batch / state.in_flight if state.in_flight else self.mean_uncached
+            batch += (state.running - state.in_flight) * per_request
+        # tokens_ahead
+        ahead = float(self.pending_tokens)
+        if fresh and state.waiting:
+            scraped = state.waiting * self.mean_uncached
+            if scraped > ahead:
+                ahead = scraped
+        tpot, ttft = self.tpot, self.ttft
+        step = tpot.a + tpot.b * batch / TPOT_X_TOKENS
+        cost = ttft.a + ttft.b * (ahead + uncached) / TTFT_X_TOKENS
+        if batch > 0:  # wait_s
+            last = self.last_step_at
+            since = now - last if last is not None else step
+            cost += step - since if 0.0 <= since < step else 0.5 * step
+        if cost < step:
+            cost = step
+        if work_weight:
+            cost += work_weight * ttft.b * uncached / TTFT_X_TOKENS
+        return cost
+
     def prefill_s(self, uncached: float) -> float:
         return self.ttft.b * uncached / TTFT_X_TOKENS
 

@@ -191,3 +191,19 @@ def test_the_step_under_way_is_dated_by_the_last_chunk() -> None:
     est.prefilled(dated)
     est.observe_ttft(dated, dated.ttft_s)
     assert est.predict(busy, 500, NOW, 1.0).ttft_s == pytest.approx(undated.ttft_s, rel=0.01)
+
+
+@pytest.mark.parametrize("work_weight", [0.0, 1.0])
+def test_the_inlined_cost_is_the_model(work_weight: float) -> None:
+    est = LatencyEstimator(16, default_prior=TRUE)
+    rng = random.Random(4)
+    feed(est, "r", TRUE.scaled(1.5), rng, n=20)
+    for _ in range(50):
+        scraped = NOW - rng.choice([0.1, 5.0])
+        r = state("r", in_flight=rng.randint(0, 5), in_flight_tokens=rng.randint(0, 90_000),
+                  running=rng.randint(0, 9), waiting=rng.randint(0, 3), scraped_at=scraped)  # fmt: skip
+        if rng.random() < 0.5:
+            est.step_seen("r", NOW - rng.uniform(0, 0.02))
+        own = rng.randint(0, 4000)
+        expected = est.ttft_s(r, own, NOW, 1.0) + work_weight * est.prefill_s(r, own)
+        assert est.costs([r], [own], NOW, 1.0, work_weight)[0] == pytest.approx(expected)
