@@ -99,20 +99,26 @@ class LatencyEstimator:
     def costs(
         self,
         states: Sequence[ReplicaState],
-        uncached: Sequence[int],
+        prompt_tokens: int,
+        matched: Mapping[str, float],
         now: float,
         stale_after_s: float,
         work_weight: float = 0.0,
     ) -> list[float]:
-        """`ttft_s` of each state (with its `uncached` tokens), plus `work_weight` x `prefill_s`: the
-        scorer's loop, in one pass (the request path calls it for every candidate)."""
+        """For each state: `ttft_s` of a `prompt_tokens` prompt of which the replica is believed to hold
+        `matched[name]` index blocks, plus `work_weight` x `prefill_s` of its uncached part. The
+        scorer's loop in one pass (the request path calls it for every candidate)."""
         models = self._models
+        block = self.block_tokens
+        get = matched.get
         out = []
-        for state, own in zip(states, uncached, strict=True):
-            model = models.get(state.name) or self.model(state.name, state.pool)
+        for state in states:
+            name = state.name
+            model = models.get(name) or self.model(name, state.pool)
             scraped = state.scraped_at
             fresh = scraped is not None and now - scraped <= stale_after_s
-            out.append(model.cost_s(state, fresh, own, now, work_weight))
+            own = prompt_tokens - int(get(name, 0) * block)
+            out.append(model.cost_s(state, fresh, own if own > 0 else 0, now, work_weight))
         return out
 
     def prefill_s(self, state: ReplicaState, uncached: int) -> float:

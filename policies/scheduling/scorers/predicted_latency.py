@@ -65,9 +65,6 @@ def predicted_ttfts(
     `work_weight` x the seconds of its own uncached prefill there."""
     est = ctx.latency
     assert est is not None
-    prompt = ctx.request.prompt_tokens
-    block = est.block_tokens
-    get = ctx.prefix_match.get
-    uncached = [prompt - int(get(r.name, 0) * block) for r in candidates]
-    uncached = [u if u > 0 else 0 for u in uncached]
-    return est.costs(candidates, uncached, ctx.now, ctx.stale_after_s, work_weight)
+    return est.costs(
+        candidates, ctx.request.prompt_tokens, ctx.prefix_match, ctx.now, ctx.stale_after_s, work_weight
+    )

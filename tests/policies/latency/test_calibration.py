@@ -204,6 +204,7 @@ def test_the_inlined_cost_is_the_model(work_weight: float) -> None:
                   running=rng.randint(0, 9), waiting=rng.randint(0, 3), scraped_at=scraped)  # fmt: skip
         if rng.random() < 0.5:
             est.step_seen("r", NOW - rng.uniform(0, 0.02))
-        own = rng.randint(0, 4000)
+        held = rng.randint(0, 300)  # index blocks of 16 tokens
+        own = est.uncached_tokens(4000, held)
         expected = est.ttft_s(r, own, NOW, 1.0) + work_weight * est.prefill_s(r, own)
-        assert est.costs([r], [own], NOW, 1.0, work_weight)[0] == pytest.approx(expected)
+        assert est.costs([r], 4000, {"r": held}, NOW, 1.0, work_weight)[0] == pytest.approx(expected)
