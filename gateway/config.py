@@ -24,6 +24,7 @@ from pydantic import (
 )
 
 from gateway.config_discovery import DiscoveryConfig
+from gateway.config_latency import LatencyPriorConfig
 from gateway.config_routes import RouteConfig, check_adapter_sources, route_problems
 from gateway.config_simulator import SimulatorConfig as SimulatorConfig  # re-exported: part of Config
 from gateway.config_tenancy import (
@@ -146,6 +147,8 @@ class ModelConfig(ReplicaCredential):
     adapter_load_timeout_s: float = Field(30.0, gt=0, allow_inf_nan=False)  # a request waits this long
     # The replicas' KV-cache event sockets, for the exact prefix index (gateway/kv_events/).
     kv_events: KvEventsConfig | None = None
+    # The predicted-latency model's starting point for this pool (gateway/config_latency.py).
+    latency_prior: LatencyPriorConfig | None = None
 
     @field_validator("adapters")
     @classmethod

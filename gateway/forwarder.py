@@ -118,6 +118,9 @@ class Dispatch:
     # Each gap between two stream chunks relayed to the client, in seconds, as the stream goes
     # (the model's inter-chunk latency histogram): n chunks relayed, n - 1 calls.
     observe_itl: Callable[[float], None] = lambda _gap: None
+    # Called once per attempt when its first chunk goes to the client (streams only): the latency
+    # model's TTFT observation (gateway/latency_store.py).
+    on_first_chunk: Callable[[ReplicaState], None] = lambda _replica: None
     upstream_headers: tuple[Header, ...] = ()  # sent to every replica tried (x-request-id)
     # A fresh ranking (the fleet changed): asked when an attempt's replica left the fleet before its
     # first byte, so the request goes where the scheduler would send it now. None: the rest of `ranked`.
@@ -324,6 +327,7 @@ class Forwarder:
         last = 0.0  # clock() when the last chunk was relayed (0: none yet)
         watch = StallWatch(replica_s=self._t.chunk_s, client_s=self._t.send_s)
         failed: str | None = None
+        d.on_first_chunk(replica)  # the replica's first chunk is here (before the client's send)
         try:
             async with watch:  # on the client's side from here, until the first read
                 await send({"type": "http.response.start", "status": 200, "headers": headers})

@@ -26,6 +26,7 @@ from gateway.fleet.scraper import FleetScraper, build_client
 from gateway.fleet.state import FleetChange, FleetState
 from gateway.forwarder import Forwarder, Timeouts
 from gateway.kv_events.service import KvEvents
+from gateway.latency_store import LatencyStore
 from gateway.metrics import GatewayMetrics, gauge_family
 from gateway.model_routes import ModelRoutes
 from gateway.reload import ConfigReloader, Reconfigurable
@@ -67,6 +68,8 @@ class Gateway:
         # The membership API beside the static list: discovery sources, and a reload, go through it.
         self.discovery = Discovery(config.discovery, self.fleet, config.replicas, clock)
         self.router = Router(config, self.rng)
+        # Each dispatch's predicted latency against what it got (gateway/latency_store.py).
+        self.latency = LatencyStore(self.router.latency, self.metrics)
         # vLLM's KV-cache events, where replicas publish them: the exact prefix index (issue #13).
         self.kv_events = KvEvents(config, self.fleet, clock)
         self.router.exact = self.kv_events
@@ -214,6 +217,7 @@ class Gateway:
             # Gone, or a new process at a new address: nothing kvgate sent it is cached there. A
             # replica that is only not ready keeps its entries (a readiness blip costs no cache).
             self.router.forget_replica(replica)
+            self.latency.forget(replica)
         if FleetChange.DEPARTED in change and self._forwarder is not None:
             self._forwarder.replica_departed(replica)
         if FleetChange.LEFT in change:

@@ -91,6 +91,14 @@ class GatewayMetrics:
             buckets=RATIO_BUCKETS,
             registry=r,
         )
+        self.ttft_prediction_error = Histogram(
+            "kvgate_ttft_prediction_error_ratio",
+            "|predicted - actual| / actual of the time from dispatch to a stream's first chunk, by "
+            "replica and pool: how well the predicted-latency model knows each replica.",
+            ["replica", "pool"],
+            buckets=(0.05, 0.1, 0.15, 0.25, 0.5, 1.0, 2.0, 5.0),
+            registry=r,
+        )
         self.retries = Counter(
             "kvgate_retries", "Requests retried on another replica, by reason.", ["reason"], registry=r
         )

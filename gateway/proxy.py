@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import MutableMapping
+from collections.abc import MutableMapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -214,21 +214,44 @@ class ProxyEndpoint:
             gw.metrics.prefix_match.observe(routed.match.get(winner, 0) / len(info.prefix_keys))
         headers = [rid, *admitted.headers, (b"x-kvgate-target", res.header)]
         if snap.config.server.debug_headers:
-            headers.append((b"x-kvgate-route", route_header(decision, winner)))
+            predicted = gw.router.predicted_ttfts(info, routed, gw.clock())
+            headers.append((b"x-kvgate-route", route_header(decision, winner, predicted)))
 
         tokens = info.reserved_tokens
+        latency = gw.latency
+        match = routed.match
+        attempt: list[Any] = [None, 0.0, False]  # this attempt's latency ticket, its start, first chunk
 
         def on_attempt(r: ReplicaState) -> None:
+            # The ticket first: the index learns this prompt below, and the ticket's uncached tokens
+            # are what the replica was believed to hold at the decision.
+            live = gw.fleet.snapshot().by_name(r.name) or r
+            ticket = gw.router.predict(info, live, match.get(r.name, 0), gw.clock())
+            attempt[:] = [latency.dispatch(ticket), time.perf_counter(), False]
             gw.fleet.dispatched(r.name, tokens)
             gw.router.dispatched(info, r.name)
             gw.metrics.dispatched_to(r.name)
             if res.adapter is not None:
                 gw.model_routes.dispatched(res, r.name)
 
+        def on_first_chunk(r: ReplicaState) -> None:
+            attempt[2] = True
+            latency.first_token(attempt[0], time.perf_counter() - attempt[1])
+            gw.router.latency.step_seen(r.name, gw.clock())
+
+        itl = gw.model_routes.itl_observer(res, gw.metrics.for_model(info.base_model).itl.observe)
+        step_seen = gw.router.latency.step_seen
+        clock = gw.clock
+
+        def observe_itl(gap: float) -> None:
+            itl(gap)
+            step_seen(attempt[0].replica, clock())  # a step of that replica just ended
+
         def on_attempt_end(r: ReplicaState) -> None:
             gw.fleet.finished(r.name, tokens)
             if res.adapter is not None:
                 gw.model_routes.finished(res, r.name)
+            latency.ended(attempt[0], attempt[2], _tpot(progress) if attempt[2] else None)
 
         async def guarded_send(msg: MutableMapping[str, Any]) -> None:
             if msg["type"] == "http.response.body" and not msg.get("more_body", False):
@@ -253,7 +276,8 @@ class ProxyEndpoint:
             response_headers=headers,
             on_attempt=on_attempt,
             on_attempt_end=on_attempt_end,
-            observe_itl=gw.model_routes.itl_observer(res, gw.metrics.for_model(info.base_model).itl.observe),
+            observe_itl=observe_itl,
+            on_first_chunk=on_first_chunk,
             upstream_headers=(rid,),
             rerank=lambda: gw.router.decide(info, gw.fleet.snapshot(), gw.clock()).decision.ranked,
             rewrite=res.rewrite,
@@ -374,10 +398,25 @@ async def _drop_connection(scope: Scope) -> None:
         await asyncio.sleep(0)
 
 
-def route_header(decision: Any, replica: str) -> bytes:
+def route_header(decision: Any, replica: str, predicted: Sequence[tuple[str, float]] = ()) -> bytes:
+    """`x-kvgate-route`: the winner's per-scorer scores and total, then the predicted TTFT (ms) of the
+    winner (`ttft_ms`) and of the runner-up (`runner_up`, `runner_up_ttft_ms`) when `predicted` has
+    them ((replica, seconds), best first)."""
     scores = decision.scores.get(replica, {})
     parts = [f"replica={replica}"] + [f"{k}={v:.3f}" for k, v in scores.items()]
     total = decision.total.get(replica)
     if total is not None:
         parts.append(f"total={total:.3f}")
+    if predicted:
+        parts.append(f"ttft_ms={predicted[0][1] * 1000:.1f}")
+        if len(predicted) > 1:
+            parts.append(f"runner_up={predicted[1][0]};runner_up_ttft_ms={predicted[1][1] * 1000:.1f}")
     return ";".join(parts).encode()
+
+
+def _tpot(out: Outcome) -> float | None:
+    """A stream's mean seconds per output token after the first, when it ended whole with >= 2."""
+    usage = out.usage
+    if out.first_byte_at is None or out.ended_at is None or usage is None or usage.completion_tokens < 2:
+        return None
+    return (out.ended_at - out.first_byte_at) / (usage.completion_tokens - 1)

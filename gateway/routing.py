@@ -23,12 +23,15 @@ from typing import Any, Protocol
 import orjson
 
 from gateway.config import Config
+from gateway.config_latency import profile_prior
 from gateway.errors import bad_request
 from gateway.reload import ReloadStep
 from gateway.tokenizers import PromptNotReproducible, PromptRejected, Tokenizer, prompt_ids, tokenizer_for
 from policies.exact_index import ExactIndex
 from policies.exact_keys import lazy_request_keys, pack_tokens
 from policies.kv_fit import GroupFit, GroupLedger, group_key
+from policies.latency.estimator import LatencyEstimator, Prediction
+from policies.latency.prior import LatencyPrior
 from policies.prefix import TOKEN_ID_BYTES, byte_block_keys, seed_for
 from policies.prefix_index import PrefixIndex
 from policies.prefix_source import PrefixSource
@@ -38,8 +41,9 @@ from policies.scheduling.context import SchedulingContext
 from policies.scheduling.profile import Decision, SchedulingProfile
 from policies.scheduling.registry import build_profile
 from policies.scheduling.scorers.kv_fit import KvFitScorer
+from policies.scheduling.scorers.predicted_latency import predicted_ttfts
 from policies.tenancy import estimate_prompt_tokens, estimate_tokens
-from policies.types import FleetSnapshot, RequestInfo
+from policies.types import FleetSnapshot, ReplicaState, RequestInfo
 
 SESSION_MAP_SIZE = 100_000
 # A prompt with more text than this is tokenized in a worker thread when its tokenizer releases the GIL:
@@ -124,6 +128,9 @@ class Router:
         self.groups = GroupLedger()
         self._groups_on = _uses_kv_fit(self.profile)
         self._now = 0.0
+        # Per-replica latency models (policies/latency): scorers that predict TTFT read them; every
+        # dispatch's prediction and observation go through gateway/latency_store.py.
+        self.latency = LatencyEstimator(self.index_block_tokens, *latency_priors(config))
 
     def prepare(self, old: Config, new: Config) -> ReloadStep:
         """Reload (gateway/reload.py): the profiles and the active one, the pools' tokenizers (one
@@ -136,8 +143,10 @@ class Router:
         name = new.scheduling.profile
 
         cap = _in_flight_cap(new)
+        priors = latency_priors(new)
 
         def commit() -> None:
+            self.latency.set_priors(*priors)
             self._config = new
             self._in_flight_cap = cap
             self.profiles = profiles
@@ -237,8 +246,27 @@ class Router:
             stale_after_s=self._stale_after,
             max_in_flight_per_replica=self._in_flight_cap,
             kv_fit=fit,
+            latency=self.latency,
         )
         return Routed(self.profile.schedule(ctx, candidates, self._rng), match)
+
+    def predicted_ttfts(
+        self, info: RequestInfo, routed: Routed, now: float, count: int = 2
+    ) -> list[tuple[str, float]]:
+        """(replica, predicted TTFT in seconds) of the first `count` ranked replicas of `routed`, for
+        the debug header: the latency models are asked whatever the profile."""
+        ranked = routed.decision.ranked[:count]
+        ctx = SchedulingContext(
+            request=info, now=now, prefix_match=routed.match, prefix_blocks=len(info.prefix_keys),
+            stale_after_s=self._stale_after, latency=self.latency,
+        )  # fmt: skip
+        return [(r.name, t) for r, t in zip(ranked, predicted_ttfts(ctx, ranked), strict=True)]
+
+    def predict(self, info: RequestInfo, replica: ReplicaState, matched: float, now: float) -> Prediction:
+        """The latency ticket of a dispatch of `info` to `replica`, believed to hold `matched` index
+        blocks of its prompt (pass it to `LatencyEstimator.dispatched`)."""
+        est = self.latency
+        return est.predict(replica, est.uncached_tokens(info.prompt_tokens, matched), now, self._stale_after)
 
     def _exact_match(
         self, info: RequestInfo, names: list[str], approx: Mapping[str, float], now: float
@@ -317,6 +345,20 @@ def _text_chars(endpoint: str, body: Mapping[str, Any]) -> int:
             texts = (p.get("text") for p in content if isinstance(p, Mapping))
             total += sum(len(t) for t in texts if isinstance(t, str))
     return total
+
+
+def latency_priors(config: Config) -> tuple[dict[str, LatencyPrior], LatencyPrior]:
+    """Each pool's latency prior (`models[].latency_prior`) and the default for the others: the
+    embedded simulated fleet's profile when kvgate runs one (no replicas, no discovery), else
+    `LatencyPrior()`'s napkin numbers."""
+    priors = {m.name: m.latency_prior.prior() for m in config.models if m.latency_prior is not None}
+    if not config.replicas and not config.discovery.configured:
+        sim = config.simulator
+        try:
+            return priors, profile_prior(sim.profile, sim.time_scale)
+        except ValueError:  # a profile the embedded fleet will refuse itself, at start
+            pass
+    return priors, LatencyPrior()
 
 
 def _in_flight_cap(config: Config) -> int | None:

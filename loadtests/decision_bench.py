@@ -1,10 +1,11 @@
 """Scheduling decision benchmark: time and memory of the prefix-aware routing decision, no network.
 
-    python -m loadtests.decision_bench [--decisions 3000] [--profile] [--no-memory]
+    python -m loadtests.decision_bench [--decisions 3000] [--profile] [--no-memory] [--policy NAME]
 
 One decision = what the gateway does per request before forwarding: canonical prompt bytes of a chat
 body, chained block keys (64-token index blocks = 256 bytes), `PrefixIndex.match` over the pool,
-`RequestInfo` and `SchedulingContext`, and `schedule` with the default profile. Prompts of 1k, 8k and
+`RequestInfo` and `SchedulingContext` (with the per-replica latency models, as the gateway's), and
+`schedule` with the default profile (`--policy`: another built-in). Prompts of 1k, 8k and
 32k tokens (English-like text at ~4 bytes per token: a system prompt, a few turns, a question) over 4,
 16 and 64 replicas, against a warm index: every replica is filled to its capacity (25,000 engine
 blocks x 16 tokens / 64 = 6,250 index blocks) with conversations of its system-prompt groups plus
@@ -37,6 +38,7 @@ from typing import Any
 import orjson
 
 from loadtests.workloads.text import WordText
+from policies.latency.estimator import LatencyEstimator
 from policies.prefix import BYTES_PER_TOKEN, byte_block_keys, seed_for
 from policies.prefix_index import PrefixIndex, capacity_blocks
 from policies.prompt_text import canonical_chat_bytes
@@ -174,6 +176,7 @@ def run_cell(tokens: int, replicas: int, decisions: int, seed: int, profile: Sch
     bodies = [orjson.dumps({"model": MODEL, "messages": m}) for m in mix]
     pools = snapshots(rng, names, 8)
     pick_rng = random.Random(seed)
+    latency = LatencyEstimator(INDEX_BLOCK_TOKENS)  # priors only: a calibrated one costs the same
     seed_key = seed_for(MODEL, None)
     clock = time.perf_counter_ns
     cpu_clock = time.thread_time_ns
@@ -202,8 +205,9 @@ def run_cell(tokens: int, replicas: int, decisions: int, seed: int, profile: Sch
             prefix_keys=keys,
         )
         ctx = SchedulingContext(
-            request=info, now=NOW, prefix_match=match, prefix_blocks=len(keys), sequence=n, stale_after_s=1.0
-        )
+            request=info, now=NOW, prefix_match=match, prefix_blocks=len(keys), sequence=n, stale_after_s=1.0,
+            latency=latency,
+        )  # fmt: skip
         decision = profile.schedule(ctx, pool, pick_rng)
         t4 = clock()
         if n % 10 == 0 and decision.replica is not None:
@@ -365,9 +369,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--no-memory", action="store_true", help="skip the 64 x 25k-block memory part")
     parser.add_argument("--tokens", type=int, nargs="*", default=list(SIZES), help="prompt sizes (tokens)")
     parser.add_argument("--replicas", type=int, nargs="*", default=list(FLEETS), help="fleet sizes")
+    parser.add_argument("--policy", default="default", help="built-in scheduling profile to time")
     args = parser.parse_args(argv)
 
-    profile = build_builtin_profile("default")
+    profile = build_builtin_profile(args.policy)
     if args.profile:
         profile_cell(8192, 16, args.decisions, args.seed, profile)
         return 0
@@ -375,7 +380,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(
         f"Python {platform.python_version()} on {platform.machine()}, {os.cpu_count()} CPUs, "
         f"load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}; {args.decisions} decisions per cell, "
-        f"index block {INDEX_BLOCK_TOKENS} tokens = {BLOCK_BYTES} bytes, default profile; "
+        f"index block {INDEX_BLOCK_TOKENS} tokens = {BLOCK_BYTES} bytes, {args.policy} profile; "
         f"reference loop (1,000 empty iterations) {reference_loop_us():.1f} µs"
     )
     print()

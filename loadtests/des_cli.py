@@ -113,6 +113,8 @@ def build_parser() -> argparse.ArgumentParser:
     wl.add_argument("--prompt-tokens", type=int, default=1024, help="random, lora-mix, noisy-neighbour")
     wl.add_argument("--user-tokens", type=int, default=256, help="multi-turn")
     wl.add_argument("--turns", type=int, default=4, help="multi-turn")
+    wl.add_argument("--active-conversations", type=int, default=None,
+                    help="multi-turn: conversations open at a time (default: all)")
     wl.add_argument("--output-tokens", type=int, default=64)
     wl.add_argument("--groups", type=int, default=None,
                     help="shared-prefix groups (default: sized to --target-multiple x one replica's KV)")
@@ -169,7 +171,8 @@ def build_workload(args: argparse.Namespace, fleet: FleetSpec, total: int) -> Wo
     if args.workload == MultiTurnWorkload.name:
         return MultiTurnWorkload(conversations=math.ceil(total / args.turns), turns=args.turns,
                                  system_prompt_tokens=args.system_prompt_tokens, user_tokens=args.user_tokens,
-                                 output_tokens=args.output_tokens, model=model, seed=seed)  # fmt: skip
+                                 output_tokens=args.output_tokens, model=model, seed=seed,
+                                 active_conversations=args.active_conversations)  # fmt: skip
     if args.workload == LoraMixWorkload.name:
         return LoraMixWorkload(adapters=list(fleet.adapters), requests=total,
                                prompt_tokens=args.prompt_tokens, output_tokens=args.output_tokens,

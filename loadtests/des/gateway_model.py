@@ -11,6 +11,8 @@ gateway `Config` and calls them as the live request path does (`gateway/proxy.py
 - `Router.decide(info, fleet.snapshot(), now)`, then on dispatch `FleetState.dispatched` (in-flight + 1,
   live) and `Router.dispatched` (prefix index record, session map), and at the end of the response
   `FleetState.finished`;
+- the predicted-latency ledger as the proxy drives it (`gateway.latency_store.LatencyStore`): a ticket
+  at dispatch, the first token's virtual time, the mean time per output token at the end;
 - `FleetState.record_scrape` with the replica's engine stats at each simulated scrape, so between
   scrapes a `ReplicaState` holds the last scraped running/waiting/KV usage/adapters plus the
   gateway's live in-flight counts: exactly the live gateway's staleness. `FleetState` rebuilds only
@@ -38,9 +40,11 @@ from gateway.config import Config, ReplicaConfig, TenantLimits, parse_config
 from gateway.fleet.metrics_parse import ReplicaMetrics
 from gateway.fleet.models_parse import ServedModels
 from gateway.fleet.state import FleetChange, FleetState
+from gateway.latency_store import LatencyStore
 from gateway.request_parse import Endpoint
 from gateway.routing import PromptFacts, Router
 from policies.exact_keys import pack_tokens
+from policies.latency.estimator import Prediction
 from policies.prefix import seed_for, token_block_keys
 from policies.prefix_index import capacity_blocks
 from policies.prefix_source import PrefixSource
@@ -71,6 +75,8 @@ class Routed:
     tokens: int
     matched_blocks: int  # leading index blocks the winner was believed to hold
     gateway: int = 0
+    ticket: Prediction | None = None  # the latency model's prediction for it
+    at: float = 0.0  # when it was dispatched (virtual seconds)
 
 
 def gateway_config(
@@ -132,6 +138,8 @@ class GatewayModel:
         self._index_of = {name: i for i, name in enumerate(self.names)}
         self.fleet = FleetState(config.replicas, config.fleet, clock)
         self.router = Router(config, rng, index)
+        self.latency = LatencyStore(self.router.latency)
+        self.latency.errors = []  # every TTFT prediction's error ratio, for the run's outcome
         self._clock = clock
         self._session_header = config.scheduling.session_header.lower()
         self._token_blocks = {m.name for m in config.models if m.tokenizer == "sim"}
@@ -225,19 +233,33 @@ class GatewayModel:
             raise RouteError(503, "no replica can serve this model right now")
         winner = ranked[0].name
         tokens = info.reserved_tokens
+        matched = routed.match.get(winner, 0)
+        ticket = self.latency.dispatch(self.router.predict(info, ranked[0], matched, now))
         self.fleet.dispatched(winner, tokens)
         self.router.dispatched(info, winner)
         self.routed += 1
-        return Routed(self._index_of[winner], info, tokens, int(routed.match.get(winner, 0)), self.number)
+        return Routed(self._index_of[winner], info, tokens, int(matched), self.number, ticket, now)
+
+    def step_seen(self, replica: int, now: float) -> None:
+        """A chunk of a stream on `replica` reached the gateway now (a step there ended)."""
+        self.router.latency.step_seen(self.names[replica], now)
+
+    def first_token(self, routed: Routed, now: float) -> None:
+        """`routed`'s first token reached the gateway now (as the proxy's first chunk)."""
+        if routed.ticket is not None:
+            self.latency.first_token(routed.ticket, now - routed.at)
 
     def count_dispatch(self, routed: Routed) -> None:
         """Another gateway's dispatch `routed`, counted in this gateway's ledger (a shared ledger);
         pair with `finished(routed)`. The prefix index does not learn from it."""
         self.fleet.dispatched(self.names[routed.replica], routed.tokens)
 
-    def finished(self, routed: Routed) -> None:
-        """The response of `routed` ended (whatever the outcome): in-flight - 1."""
+    def finished(self, routed: Routed, had_first_token: bool = True, tpot_s: float | None = None) -> None:
+        """The response of `routed` ended (whatever the outcome): in-flight - 1; the latency ledger
+        lets it go, and `tpot_s` (its mean seconds per output token) calibrates decode."""
         self.fleet.finished(self.names[routed.replica], routed.tokens)
+        if routed.ticket is not None and routed.gateway == self.number:
+            self.latency.ended(routed.ticket, had_first_token, tpot_s)
 
 
 def replica_metrics(stats: EngineStats) -> ReplicaMetrics:

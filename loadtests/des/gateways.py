@@ -150,9 +150,18 @@ class Gateways:
                 if model.number != routed.gateway:
                     model.count_dispatch(routed)
 
-    def finished(self, routed: Routed) -> None:
+    def step_seen(self, replica: int, now: float) -> None:
+        """A step of `replica` produced tokens now: every gateway relaying a stream there sees it."""
+        for model in self.models:
+            model.step_seen(replica, now)
+
+    def first_token(self, routed: Routed, now: float) -> None:
+        """`routed`'s first token came back now (its gateway's latency model observes it)."""
+        self.models[routed.gateway].first_token(routed, now)
+
+    def finished(self, routed: Routed, had_first_token: bool = True, tpot_s: float | None = None) -> None:
         """The response of `routed` ended, whatever the outcome."""
-        self.models[routed.gateway].finished(routed)
+        self.models[routed.gateway].finished(routed, had_first_token, tpot_s)
         self.in_flight[routed.replica] -= 1
         self.total_in_flight -= 1
         if self._shared:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import resource
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from loadtests.des.arrivals import LoadClients
 from loadtests.des.config import DesConfig
@@ -40,7 +40,8 @@ class LoadPoint:
     counts, the seconds spent per part (`workload_s`, `tokenize_s`, `route_s`, `engine_s`,
     `scrape_s`), and `skew`, the fleet's in-flight skew at each dispatch (`SkewStats`)."""
 
-    __slots__ = ("alarm_at", "arrival_pending", "clients", "cpu0", "engine_s", "events0", "gateway_routed0",
+    __slots__ = ("alarm_at", "arrival_pending", "clients", "cpu0", "engine_s", "errors0", "events0",
+                 "gateway_routed0",
                  "incomplete", "itl", "load", "on_done", "open", "prompt_tokens", "record_chunks", "route_s",
                  "routed0", "scrape_s", "sends_pending", "skew", "start", "stats0", "timeouts", "tokenize_s",
                  "tokens0", "traces", "wall0", "workload_s")  # fmt: skip
@@ -70,6 +71,7 @@ class LoadPoint:
         self.stats0 = [replica_counters(rep) for rep in replicas]
         self.routed0 = [rep.routed for rep in replicas]
         self.gateway_routed0 = [m.routed for m in gateways.models]
+        self.errors0 = [len(m.latency.errors or ()) for m in gateways.models]
 
     def outcome(self, config: DesConfig, replicas: Sequence[SimReplica], queue: EventQueue,
                 tokenizer: PromptTokenizer, gateways: Gateways) -> DesResult:  # fmt: skip
@@ -111,4 +113,18 @@ class LoadPoint:
             in_flight_skew=SkewStats.of(self.skew),
             gateway_requests=tuple(m.routed - r0 for m, r0 in zip(gateways.models, self.gateway_routed0,
                                                                    strict=True)),
+            extra={"ttft_prediction_error": prediction_errors(
+                e
+                for m, e0 in zip(gateways.models, self.errors0, strict=True)
+                for e in (m.latency.errors or ())[e0:]
+            )},
         )
+
+
+def prediction_errors(errors: Iterable[float]) -> dict[str, float | int | None]:
+    """|predicted - actual| / actual TTFT of the point's streams (every gateway's): count, p50, p90."""
+    ordered = sorted(errors)
+    if not ordered:
+        return {"n": 0, "p50": None, "p90": None}
+    n = len(ordered)
+    return {"n": n, "p50": ordered[(n - 1) // 2], "p90": ordered[min(n - 1, int(0.9 * n))]}

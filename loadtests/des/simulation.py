@@ -339,6 +339,8 @@ class Simulation:
         self._start_step(rep, end)  # the live driver steps again before its handlers write
         point = self._require()
         get = point.open.get
+        if result.tokens:
+            self.gateways.step_seen(rep.index, end)
         if point.record_chunks:
             for rid, _, index, _ in result.tokens:
                 o = get(rid)
@@ -346,6 +348,8 @@ class Simulation:
                     continue  # aborted while the step ran
                 if not index:
                     o.first = end
+                    if o.routed is not None:
+                        self.gateways.first_token(o.routed, end)
                 o.last = end
                 o.chunks.append(end)  # type: ignore[union-attr]  # record_chunks: always a list
         else:
@@ -359,6 +363,8 @@ class Simulation:
                     counts[key] = counts.get(key, 0) + 1
                 else:
                     o.first = end
+                    if o.routed is not None:
+                        self.gateways.first_token(o.routed, end)
                 o.last = end
         for finished in result.finished:
             o = get(finished.request_id)
@@ -371,7 +377,9 @@ class Simulation:
         point = self._require()
         del point.open[o.engine_id]
         if o.routed is not None:
-            self.gateways.finished(o.routed)
+            out = trace.output_tokens
+            tpot = (o.last - o.first) / (out - 1) if o.first is not None and out >= 2 else None
+            self.gateways.finished(o.routed, o.first is not None, tpot)
         point.traces.append(trace)
         if point.on_done is not None:
             point.on_done(trace)
@@ -427,7 +435,7 @@ class Simulation:
             self._abort(o)
             del point.open[o.engine_id]
             if o.routed is not None:
-                self.gateways.finished(o.routed)
+                self.gateways.finished(o.routed, o.first is not None)
             point.incomplete += 1
 
     # -- the outcome ----------------------------------------------------------------------------------

@@ -6,6 +6,13 @@
   the benchmark found them harmful with shared prefixes, see the comment on the spec); the
   `near-best` picker, so several gateway processes do not herd or scatter prefixes.
 - `kv-fit`: `default` plus the `kv-fit` scorer (placement that respects each replica's KV capacity).
+- `weighted`: an exact copy of `default` (the weighted sum of unit-less scores), so it stays
+  selectable by name whatever `default` becomes.
+- `predicted-latency`: the membership filters and `fresh`, then the replica with the least predicted
+  time to first token (`policies.latency`: uncached prefill ahead of the request and its own, at
+  each replica's calibrated rate), which counts prefix affinity as the tokens it saves; small
+  prefix-affinity and LoRA-locality terms break near-ties towards the held prefix (its next turn's
+  saving) and a resident adapter.
 - `round-robin`, `least-loaded` (queue depth only), `prefix-only` and `random`: the baselines the
   benchmark compares against. They keep only the membership filters (the hard ones and slow-start),
   so they differ from `default` in how they choose, not in whether they can serve.
@@ -91,6 +98,25 @@ _SPECS: dict[str, dict[str, Any]] = {
         ],
         "picker": {"type": "near-best", "params": {"margin": 0.25, "hash_blocks": 4}},
     },
+    "predicted-latency": {
+        # No load-guard and no queue-depth: the model prices the queue in seconds. `fresh` stays soft
+        # as in `default` (a stale replica's queue is only known from kvgate's own ledger).
+        "filters": [*_BASE_FILTERS, {"type": "fresh"}],
+        "scorers": [
+            # work_weight 1: the cost of a choice is its TTFT plus the seconds of prefill it adds
+            # there (what later requests wait for); a conversation moves only when its replica is
+            # behind by more than re-prefilling it elsewhere costs (docs/benchmarks.md, issue #11).
+            {"type": "predicted-latency", "weight": 1.0, "params": {"work_weight": 1.0}},
+            # A held prefix also saves the NEXT turn's prefill, which this request's TTFT does not
+            # count: 0.1 x the matched share keeps a conversation where its TTFT is within a few
+            # percent of the best (near-best's draw among near-ties moved them otherwise).
+            {"type": "prefix-affinity", "weight": 0.1},
+            {"type": "lora-locality", "weight": 0.1},
+        ],
+        # near-best at 5% of the best TTFT: near-ties of a new prompt go where a rendezvous hash of
+        # its first blocks says, so several gateway processes agree on a new prefix's replica.
+        "picker": {"type": "near-best", "params": {"margin": 0.05, "hash_blocks": 4}},
+    },
     "round-robin": {
         "filters": [*_BASE_FILTERS],
         "scorers": [],
@@ -112,6 +138,8 @@ _SPECS: dict[str, dict[str, Any]] = {
         "picker": {"type": "random"},
     },
 }
+
+_SPECS["weighted"] = copy.deepcopy(_SPECS["default"])  # today's default, by a name that stays
 
 BUILTIN_PROFILE_NAMES: tuple[str, ...] = tuple(_SPECS)
 

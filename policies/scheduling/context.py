@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from policies.kv_fit import GroupFit
+from policies.latency.estimator import LatencyEstimator
 from policies.types import RequestInfo
 
 
@@ -24,6 +25,9 @@ class SchedulingContext:
     - `max_in_flight_per_replica`: the requests flow control lets one replica hold (None: no cap).
     - `kv_fit`: the request's prefix group as the gateway's group ledger sees it (`policies.kv_fit`),
       for the `kv-fit` scorer; None when the active profile has no such scorer or the prompt no keys.
+    - `latency`: the per-replica latency models (`policies.latency`), for scorers that predict TTFT
+      and TPOT; None where the caller keeps none. Predictions are computed by the scorers that ask,
+      so a profile without such a scorer pays nothing for it.
     """
 
     request: RequestInfo
@@ -35,3 +39,4 @@ class SchedulingContext:
     stale_after_s: float = 1.0
     max_in_flight_per_replica: int | None = None
     kv_fit: GroupFit | None = None
+    latency: LatencyEstimator | None = None

@@ -44,6 +44,7 @@ from policies.scheduling.scorers.kv_fit import KvFitScorer
 from policies.scheduling.scorers.kv_headroom import KvHeadroomScorer
 from policies.scheduling.scorers.least_inflight_tokens import LeastInflightTokensScorer
 from policies.scheduling.scorers.lora_locality import LoraLocalityScorer
+from policies.scheduling.scorers.predicted_latency import PredictedLatencyScorer
 from policies.scheduling.scorers.prefix_affinity import PrefixAffinityScorer
 from policies.scheduling.scorers.queue_depth import QueueDepthScorer
 from policies.scheduling.scorers.session_affinity import SessionAffinityScorer
@@ -79,6 +80,7 @@ _SCORERS: dict[str, type[Scorer]] = {
     "session-affinity": SessionAffinityScorer,
     "least-inflight-tokens": LeastInflightTokensScorer,
     "kv-fit": KvFitScorer,
+    "predicted-latency": PredictedLatencyScorer,
 }
 _PICKERS: dict[str, type[Picker]] = {
     "max-score": MaxScorePicker,

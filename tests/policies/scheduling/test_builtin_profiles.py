@@ -14,14 +14,28 @@ HOT = {"a": 128}  # replica a holds the whole 128-block prompt
 
 def test_the_names_the_benchmark_compares() -> None:
     assert set(BUILTIN_PROFILE_NAMES) == {
-        "default", "kv-fit", "round-robin", "least-loaded", "prefix-only", "random"
-    }
+        "default", "weighted", "predicted-latency", "kv-fit", "round-robin", "least-loaded", "prefix-only",
+        "random",
+    }  # fmt: skip
 
 
 def test_kv_fit_is_the_default_plus_the_kv_fit_scorer() -> None:
     default, kv_fit = builtin_profile_spec("default"), builtin_profile_spec("kv-fit")
     assert kv_fit["filters"] == default["filters"] and kv_fit["picker"] == default["picker"]
     assert kv_fit["scorers"] == [*default["scorers"], {"type": "kv-fit", "weight": 5.0}]
+
+
+def test_weighted_is_todays_default_by_name() -> None:
+    assert builtin_profile_spec("weighted") == builtin_profile_spec("default")
+    spec = builtin_profile_spec("weighted")
+    spec["scorers"].clear()
+    assert builtin_profile_spec("default")["scorers"]
+
+
+def test_predicted_latency_profile() -> None:
+    spec = builtin_profile_spec("predicted-latency")
+    assert [s["type"] for s in spec["scorers"]] == ["predicted-latency", "prefix-affinity", "lora-locality"]
+    assert "load-guard" not in [f["type"] for f in spec["filters"]]
 
 
 @pytest.mark.parametrize("name", BUILTIN_PROFILE_NAMES)

@@ -1,0 +1,69 @@
+"""The predicted-latency model's live side: each dispatch's ticket, what it got, and the metrics.
+
+The models themselves are pure (`policies.latency`, owned by the `Router` as `router.latency`, which
+is what scheduling reads). This glues them to the request path (gateway/proxy.py):
+
+- `dispatch` at each attempt: the prediction for the replica tried, from the inputs of that moment
+  (the fleet snapshot's in-flight counts and last scrape, the prefix the index believed it held);
+  its uncached tokens join the replica's pending-prefill ledger;
+- `first_token` when the first chunk of a stream is relayed: the ledger lets the tokens go, the
+  TTFT (attempt start to first chunk) calibrates the replica's model when the prediction's inputs
+  were fresh, and |predicted - actual| / actual goes to `kvgate_ttft_prediction_error_ratio`;
+- `ended` after the attempt, whatever happened: the ledger lets go of a request that never had a
+  first token, and a stream's mean time per output token calibrates the decode model.
+
+A non-streaming answer has no first-token time: it leaves the ledger when it ends and calibrates
+nothing. The DES mode (loadtests/des/) calls the same three with virtual times.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from policies.latency.estimator import LatencyEstimator, Prediction
+
+ERROR_BUCKETS = (0.05, 0.1, 0.15, 0.25, 0.5, 1.0, 2.0, 5.0)
+
+
+class LatencyStore:
+    """One per Router (one event loop). `metrics`: a `GatewayMetrics` (its error histogram), or None."""
+
+    def __init__(self, estimator: LatencyEstimator, metrics: Any = None) -> None:
+        self.estimator = estimator
+        self._metrics = metrics
+        self._children: dict[tuple[str, str], Any] = {}
+        self.errors: list[float] | None = None  # when a list, every error ratio is appended (benchmarks)
+
+    def dispatch(self, ticket: Prediction) -> Prediction:
+        self.estimator.dispatched(ticket)
+        return ticket
+
+    def first_token(self, ticket: Prediction, ttft_s: float) -> float | None:
+        est = self.estimator
+        est.prefilled(ticket)
+        error = est.observe_ttft(ticket, ttft_s)
+        if error is not None:
+            if self._metrics is not None:
+                key = (ticket.replica, ticket.pool)
+                child = self._children.get(key)
+                if child is None:
+                    child = self._children[key] = self._metrics.ttft_prediction_error.labels(*key)
+                child.observe(error)
+            if self.errors is not None:
+                self.errors.append(error)
+        return error
+
+    def ended(self, ticket: Prediction, had_first_token: bool, tpot_s: float | None = None) -> None:
+        if not had_first_token:
+            self.estimator.prefilled(ticket)
+        elif tpot_s is not None:
+            self.estimator.observe_tpot(ticket, tpot_s)
+
+    def forget(self, replica: str) -> None:
+        """The replica left or restarted: its model and its error series go."""
+        self.estimator.forget(replica)
+        if self._metrics is None:
+            return
+        for key in [k for k in self._children if k[0] == replica]:
+            del self._children[key]
+            self._metrics.ttft_prediction_error.remove(*key)

@@ -1,0 +1,17 @@
+"""Predicted latency: a per-replica TTFT/TPOT model with napkin priors, calibrated online (issue #11).
+
+- `prior`: the roofline numbers a replica is assumed to have before kvgate has seen it answer.
+- `rls`: a two-coefficient recursive least squares fit with forgetting and bounds.
+- `replica_model`: one replica's model: TTFT = fixed + seconds per uncached prefill token x (work ahead
+  + own uncached prompt); TPOT = decode step + seconds per KV token read x batch context.
+- `estimator`: every replica's model, the pending-prefill ledger of kvgate's own dispatches, and the
+  tickets that carry a dispatch's prediction inputs to its observation.
+
+Pure: no I/O, no clock of its own (callers pass `now`).
+"""
+
+from policies.latency.estimator import LatencyEstimator, Prediction
+from policies.latency.prior import LatencyPrior
+from policies.latency.replica_model import ReplicaLatencyModel
+
+__all__ = ["LatencyEstimator", "LatencyPrior", "Prediction", "ReplicaLatencyModel"]

@@ -1,0 +1,188 @@
+"""`LatencyEstimator`: every replica's latency model, and the tickets between a dispatch and what it got.
+
+The request path asks it twice. Scheduling (the `predicted-latency` scorer) calls `ttft_s` for each
+candidate: a few float operations, no allocation beyond the replica's model on first sight. The
+dispatch (each attempt) calls `predict` for the replica tried and `dispatched` with the result: the
+`Prediction` is the ticket the gateway keeps until the answer's first token (`prefilled`, then
+`observe_ttft`) and its end (`observe_tpot`). Observations calibrate the replica's model only when the
+prediction's inputs were fresh (its scrape within `stale_after_s` at dispatch): a TTFT that waited
+behind a queue the gateway could not see says nothing about the replica's prefill rate.
+
+Replicas are keyed by name; a replica's prior is its pool's (`priors`), else `default_prior`. Pure and
+single-threaded: the caller passes `now` and owns the instance.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from types import MappingProxyType
+
+from policies.latency.prior import LatencyPrior
+from policies.latency.replica_model import ReplicaLatencyModel
+from policies.types import ReplicaState
+
+
+@dataclass(frozen=True, slots=True)
+class Prediction:
+    """What was predicted for one dispatch, with the inputs it was predicted from (tokens; seconds)."""
+
+    replica: str
+    pool: str
+    ahead_tokens: float
+    uncached_tokens: int
+    batch_kv_tokens: float
+    wait_s: float  # predicted rest of the step under way
+    ttft_s: float
+    tpot_s: float
+    fresh: bool  # the replica's scrape was fresh at dispatch: observations may calibrate
+
+
+class LatencyEstimator:
+    """Per-replica `ReplicaLatencyModel`s (module docstring). `block_tokens` is the prefix index's
+    block size in tokens: `prefix_match` counts convert to cached tokens with it."""
+
+    __slots__ = ("_models", "block_tokens", "default_prior", "priors")
+
+    def __init__(
+        self,
+        block_tokens: int,
+        priors: Mapping[str, LatencyPrior] | None = None,
+        default_prior: LatencyPrior | None = None,
+    ) -> None:
+        if block_tokens < 1:
+            raise ValueError(f"block_tokens must be >= 1, got {block_tokens}")
+        self.block_tokens = block_tokens
+        self.priors: Mapping[str, LatencyPrior] = MappingProxyType(dict(priors or {}))
+        self.default_prior = default_prior or LatencyPrior()
+        self._models: dict[str, ReplicaLatencyModel] = {}
+
+    def set_priors(self, priors: Mapping[str, LatencyPrior], default_prior: LatencyPrior) -> None:
+        """New priors (a reload). When they differ from the old ones every replica starts over from
+        them (its calibration was relative to numbers the operator just said were wrong); the same
+        priors keep every replica's calibration and ledger."""
+        if dict(priors) == dict(self.priors) and default_prior == self.default_prior:
+            return
+        self.priors = MappingProxyType(dict(priors))
+        self.default_prior = default_prior
+        self._models.clear()
+
+    def model(self, replica: str, pool: str) -> ReplicaLatencyModel:
+        model = self._models.get(replica)
+        if model is None:
+            model = self._models[replica] = ReplicaLatencyModel(self.priors.get(pool, self.default_prior))
+        return model
+
+    def models(self) -> Mapping[str, ReplicaLatencyModel]:
+        """Every replica's model (read-only view, for metrics and the admin API)."""
+        return MappingProxyType(self._models)
+
+    def forget(self, replica: str) -> None:
+        """The replica left (or restarted at a new address): its calibration and ledger go."""
+        self._models.pop(replica, None)
+
+    def uncached_tokens(self, prompt_tokens: int, matched_blocks: float) -> int:
+        """The prompt's tokens a replica believed to hold `matched_blocks` index blocks must prefill."""
+        uncached = prompt_tokens - int(matched_blocks * self.block_tokens)
+        return uncached if uncached > 0 else 0
+
+    # -- the request path -------------------------------------------------------------------------
+
+    def ttft_s(self, state: ReplicaState, uncached: int, now: float, stale_after_s: float) -> float:
+        """Predicted seconds from dispatch to the first token of a request with `uncached` tokens to
+        prefill, on `state`'s replica now."""
+        model = self._models.get(state.name) or self.model(state.name, state.pool)
+        fresh = state.scraped_at is not None and now - state.scraped_at <= stale_after_s
+        batch = model.batch_kv_tokens(state, fresh)
+        return model.ttft_s(model.tokens_ahead(state, fresh), uncached, batch, model.wait_s(batch, now))
+
+    def costs(
+        self,
+        states: Sequence[ReplicaState],
+        prompt_tokens: int,
+        matched: Mapping[str, float],
+        now: float,
+        stale_after_s: float,
+        work_weight: float = 0.0,
+    ) -> list[float]:
+        """For each state: `ttft_s` of a `prompt_tokens` prompt of which the replica is believed to hold
+        `matched[name]` index blocks, plus `work_weight` x `prefill_s` of its uncached part. The
+        scorer's loop in one pass (the request path calls it for every candidate)."""
+        models = self._models
+        block = self.block_tokens
+        get = matched.get
+        out = []
+        for state in states:
+            name = state.name
+            model = models.get(name) or self.model(name, state.pool)
+            scraped = state.scraped_at
+            fresh = scraped is not None and now - scraped <= stale_after_s
+            own = prompt_tokens - int(get(name, 0) * block)
+            out.append(model.cost_s(state, fresh, own if own > 0 else 0, now, work_weight))
+        return out
+
+    def prefill_s(self, state: ReplicaState, uncached: int) -> float:
+        """Seconds of `state`'s replica's compute that `uncached` prefill tokens take (the marginal
+        part of the TTFT fit: without its fixed cost)."""
+        model = self._models.get(state.name) or self.model(state.name, state.pool)
+        return model.prefill_s(uncached)
+
+    def tpot_s(self, state: ReplicaState, now: float, stale_after_s: float) -> float:
+        """Predicted seconds between two output tokens on `state`'s replica now."""
+        model = self._models.get(state.name) or self.model(state.name, state.pool)
+        fresh = state.scraped_at is not None and now - state.scraped_at <= stale_after_s
+        return model.tpot_s(model.batch_kv_tokens(state, fresh))
+
+    def predict(self, state: ReplicaState, uncached: int, now: float, stale_after_s: float) -> Prediction:
+        """The ticket for a dispatch to `state`'s replica (pass it to `dispatched`)."""
+        model = self.model(state.name, state.pool)
+        fresh = state.scraped_at is not None and now - state.scraped_at <= stale_after_s
+        ahead = model.tokens_ahead(state, fresh)
+        batch = model.batch_kv_tokens(state, fresh)
+        wait = model.wait_s(batch, now)
+        return Prediction(
+            replica=state.name,
+            pool=state.pool,
+            ahead_tokens=ahead,
+            uncached_tokens=uncached,
+            batch_kv_tokens=batch,
+            wait_s=wait,
+            ttft_s=model.ttft_s(ahead, uncached, batch, wait),
+            tpot_s=model.tpot_s(batch),
+            fresh=fresh,
+        )
+
+    def dispatched(self, p: Prediction) -> None:
+        """The request of ticket `p` was sent: its uncached tokens are ahead of later ones there."""
+        self.model(p.replica, p.pool).dispatched(p.uncached_tokens)
+
+    def prefilled(self, p: Prediction) -> None:
+        """Ticket `p`'s request got its first token, or ended without one: no longer ahead of others.
+        Call exactly once per `dispatched`."""
+        model = self._models.get(p.replica)
+        if model is not None:
+            model.prefilled(p.uncached_tokens)
+
+    def observe_ttft(self, p: Prediction, ttft_s: float) -> float | None:
+        """Ticket `p`'s request's first token came `ttft_s` after dispatch. Calibrates when `p`'s inputs
+        were fresh. Returns |predicted - actual| / actual (None for a non-positive `ttft_s`)."""
+        if not ttft_s > 0:
+            return None
+        model = self._models.get(p.replica)
+        if model is not None and p.fresh:
+            model.observe_ttft(p.ahead_tokens, p.uncached_tokens, p.wait_s, ttft_s)
+        return abs(p.ttft_s - ttft_s) / ttft_s
+
+    def step_seen(self, replica: str, at: float) -> None:
+        """A chunk of one of kvgate's streams on `replica` came at `at` (the caller's clock, as `now`):
+        a step of that replica ended then, which dates the next one."""
+        model = self._models.get(replica)
+        if model is not None:
+            model.last_step_at = at
+
+    def observe_tpot(self, p: Prediction, tpot_s: float) -> bool:
+        """Ticket `p`'s request's mean time between output tokens was `tpot_s`. True when calibrated."""
+        model = self._models.get(p.replica)
+        if model is None or not p.fresh or not tpot_s > 0:
+            return False
+        return model.observe_tpot(p.batch_kv_tokens, tpot_s)

@@ -1,0 +1,60 @@
+"""`LatencyStore`: the ledger, the error metric per replica and pool, forgetting, and reload's priors."""
+
+from __future__ import annotations
+
+import random
+
+from gateway.config import parse_config
+from gateway.latency_store import LatencyStore
+from gateway.metrics import GatewayMetrics
+from gateway.routing import Router
+from policies.latency.estimator import LatencyEstimator
+from policies.types import ReplicaState
+
+NOW = 50.0
+NAME = "kvgate_ttft_prediction_error_ratio"
+
+
+def state(name: str) -> ReplicaState:
+    return ReplicaState(name=name, url=f"http://{name}", pool="m", scraped_at=NOW)
+
+
+def test_first_token_observes_the_error_and_forget_drops_the_series() -> None:
+    metrics = GatewayMetrics()
+    est = LatencyEstimator(64)
+    store = LatencyStore(est, metrics)
+    ticket = store.dispatch(est.predict(state("r0"), 2000, NOW, 1.0))
+    assert est.models()["r0"].pending_tokens == 2000
+    error = store.first_token(ticket, ticket.ttft_s * 2)
+    assert error == 0.5
+    assert est.models()["r0"].pending_tokens == 0
+    labels = {"replica": "r0", "pool": "m"}
+    assert metrics.registry.get_sample_value(f"{NAME}_count", labels) == 1
+    assert metrics.registry.get_sample_value(f"{NAME}_bucket", {**labels, "le": "0.5"}) == 1
+    store.ended(ticket, True, 0.01)
+    store.forget("r0")
+    assert "r0" not in est.models()
+    assert metrics.registry.get_sample_value(f"{NAME}_count", labels) is None
+
+
+def test_an_attempt_without_a_first_token_leaves_the_ledger() -> None:
+    est = LatencyEstimator(64)
+    store = LatencyStore(est)
+    ticket = store.dispatch(est.predict(state("r0"), 700, NOW, 1.0))
+    store.ended(ticket, False)
+    assert est.models()["r0"].pending_tokens == 0 and est.models()["r0"].pending_requests == 0
+
+
+def test_a_reload_with_new_priors_starts_the_replicas_over() -> None:
+    replicas = [{"url": "http://127.0.0.1:9", "model": "m", "name": "r0"}]
+    old = parse_config({"replicas": replicas})
+    pool = {"name": "m", "latency_prior": {"profile": "tiny"}}
+    new = parse_config({"replicas": replicas, "models": [pool]})
+    router = Router(old, random.Random(0))
+    router.latency.model("r0", "m")
+    router.prepare(old, old).commit()
+    assert "r0" in router.latency.models()  # the same priors: calibration kept
+    router.prepare(old, new).commit()
+    assert router.latency.models() == {}
+    prior = new.models[0].latency_prior
+    assert prior is not None and router.latency.model("r0", "m").prior == prior.prior()
