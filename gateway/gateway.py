@@ -73,7 +73,9 @@ class Gateway:
         # vLLM's KV-cache events, where replicas publish them: the exact prefix index (issue #13).
         self.kv_events = KvEvents(config, self.fleet, clock)
         self.router.exact = self.kv_events
-        self.tenancy = Tenancy(config, self.fleet, self.metrics, clock, wall_clock)
+        self.tenancy = Tenancy(
+            config, self.fleet, self.metrics, clock, wall_clock, latency=self.router.latency
+        )
         # A/B routing: routes, their runtime weights, adapter placement, shadow copies (issue #12).
         self.model_routes = ModelRoutes(config, self.fleet, self.router, self.metrics, self.rng, clock)
         self.fleet.add_listener(self._on_fleet_change)
