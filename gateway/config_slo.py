@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from policies.latency_admission import LatencySlo
 
-DEFAULT_KNEE_FACTOR = 2.0
+DEFAULT_KNEE_FACTOR = 1.25  # measured: docs/benchmarks.md, "Admission on predicted latency"
 
 
 class SloConfig(BaseModel):

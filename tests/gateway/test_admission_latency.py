@@ -80,7 +80,7 @@ async def settle_loop() -> None:
 
 
 async def test_the_gate_holds_the_next_request_past_the_knee_and_a_first_token_releases_it() -> None:
-    h = Harness()  # knee_factor 2 (the default), 8 slots: the counts alone would take 8
+    h = Harness()  # knee_factor 1.25 (the default), 8 slots: the counts alone would take 8
     assert await h.request("r1") == "direct"
     waiting = asyncio.ensure_future(h.request("r2"))
     await settle_loop()
@@ -142,7 +142,7 @@ async def test_a_sheddable_request_is_refused_at_once_with_retry_after_from_the_
     with pytest.raises(GatewayError) as err:
         await h.request("shed", band=Band.SHEDDABLE)
     assert err.value.status == 503
-    # predicted ~2.53 s + the step under way, bound 2 x 25.5 ms: about 2.5 s to drain -> 3
+    # predicted ~2.53 s + the step under way, bound 1.25 x 25.5 ms: about 2.5 s to drain -> 3
     assert dict(err.value.headers)[b"retry-after"] == b"3"
     assert h.started == ["big"]
 
