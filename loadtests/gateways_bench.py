@@ -28,11 +28,13 @@ only difference; the profile is the built-in `default`. Each cell:
 The workloads come from the workload factory (`presets.build_workload`), one request stream per seed,
 the same for every N and index. Latencies are in simulated seconds (`bench.to_model_time`); goodput
 counts requests within the SLO (`loadtests.slo`). Per cell a `loadtests.results` record plus `gateways`,
-`index`, `seed`, `exact_replicas` (replicas in exact mode after priming and after the run), the
-per-group placement (`group_replicas_mean`: distinct replicas a group's requests were sent to;
-`group_moves`: times a group's next request went to another replica than its previous one), and the
-CPU figures. Records are appended to `--out`/results.jsonl as each cell ends; `summary.md` is written
-at the end (`loadtests.gateways_report`), or by `--summarize DIR`.
+`index`, `seed`, `fleet_prefix_queries` / `fleet_prefix_hits` (the replicas' counter increases, in
+tokens, whose ratio is `prefix_hit_rate`), `exact_replicas_before` / `_after` (replicas in exact mode
+after priming and after the run), the per-group placement (`group_replicas_mean`: distinct
+replicas a group's requests were sent to; `group_moves`: times a group's next request went to another
+replica than its previous one), and the CPU figures. Records are appended to `--out`/results.jsonl
+as each cell ends; `summary.md` is written at the end (`loadtests.gateways_report`), or by
+`--summarize DIR`.
 
     python -m loadtests.gateways_bench --out docs/results/gateways/live
     python -m loadtests.gateways_bench --workloads shared-prefix-pressure --gateways 1 --out DIR
@@ -192,7 +194,9 @@ class GatewaysBench:
         (self.out / "meta.json").write_text(json.dumps(self.meta(), indent=1) + "\n")
         sim_args = [*self.fleet_plan.sim_args(), "--kv-events-port", "0"]
         fleet = SimFleetProcess(sim_args, a.replicas, self.layout.sim_cpus, self.out / "logs" / "sim.log")
-        with RedisServer() as redis, fleet:
+        with contextlib.ExitStack() as stack:
+            redis_url = a.redis_url or stack.enter_context(RedisServer()).url
+            stack.enter_context(fleet)
             async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as control:
                 for name in a.workloads:
                     plan = plan_for(name, a.replicas)
@@ -203,7 +207,7 @@ class GatewaysBench:
                         specs = list(workload.requests())[:total]
                         for index in a.indexes:
                             for n in a.gateways:
-                                record = await self.cell(control, fleet, redis.url, preset, plan, workload,
+                                record = await self.cell(control, fleet, redis_url, preset, plan, workload,
                                                          specs, index, n, seed)  # fmt: skip
                                 with self.results.open("a") as f:
                                     f.write(json.dumps(record) + "\n")
@@ -242,13 +246,15 @@ class GatewaysBench:
             health1 = await bench_fleet.scrape_sim_health(control, fleet.urls)
             exact_after = await exact_replicas(control, gateway.url)
         modelled = to_model_time(result, scale, warmup_s=0.0, duration_s=a.max_duration_s)
+        delta = fleet_delta(counters0, counters1)
         record = modelled.to_record(policy=f"{index}/{n}", workload=plan.name, slo=self.slo,
-                                    fleet=fleet_delta(counters0, counters1)).as_dict()  # fmt: skip
+                                    fleet=delta).as_dict()  # fmt: skip
         validate_record(record)
         health = bench_fleet.sim_health_delta(health0, health1)
         placement = group_placement(result.traces)
         record.update(
             gateways=n, index=index, seed=seed, wall_s=wall, primed_failed=primed_failed,
+            fleet_prefix_queries=delta.prefix_queries, fleet_prefix_hits=delta.prefix_hits,
             exact_replicas_before=exact_before, exact_replicas_after=exact_after,
             group_replicas_mean=placement.replicas_mean, group_moves=placement.moves,
             groups=placement.groups, sim_step_lag_mean_s=health.lag_mean_s,
@@ -297,6 +303,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-duration-s", type=float, default=120.0, help="simulated seconds per cell, at most")
     p.add_argument("--slo", default="ttft=250ms,tpot=50ms")
     p.add_argument("--no-pin", action="store_true", help="do not pin the processes to CPUs")
+    p.add_argument("--redis-url", default=None, help="limits shared through this Redis (default: private)")
     p.add_argument(
         "--summarize", type=Path, default=None, help="only write DIR/summary.md from DIR/results.jsonl"
     )
