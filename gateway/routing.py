@@ -237,8 +237,8 @@ class Router:
         Why both: under KV pressure the home replica of a prefix evicts the prefix's tail blocks
         between two of its requests. On the exact index alone its match then drops below another
         replica's, the group moves, and from then on two replicas hold partial copies and trade it
-        back and forth (docs/benchmarks.md, "Exact vs approximate index under KV pressure": one
-        gateway lost hits against the approximate index). Keeping the memory, a home that evicted
+        back and forth (docs/benchmarks.md, "Exact vs approximate index under KV pressure (live, one
+        gateway)": it lost hits against the approximate index). Keeping the memory, a home that evicted
         part of a prefix keeps its group (the request re-prefills the tail there); the exact index
         still shows prefixes this gateway never sent (other gateways' dispatches)."""
         assert self.exact is not None
