@@ -8,7 +8,8 @@
   count: median and worst seed of hit rate, goodput and TTFT p90, and each seed's figure over the
   same seed's one-gateway figure with the same index (median, worst); then the machine figures
   (gateway CPU, the simulator's step lag, load average) so a reader can see the machine was not the
-  bottleneck.
+  bottleneck, and per row the seeds whose cell was `distorted` (the simulator fell behind: its clock
+  jumped, as `kvgate bench` flags it).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from loadtests.bench import DISTORTED_JUMP_SHARE
 from loadtests.measures import RequestTrace
 
 # (record key, label, higher is better)
@@ -86,7 +88,14 @@ def _median_worst(values: Sequence[float], better_high: bool, fmt: Any) -> str:
     return f"{fmt(statistics.median(values))} ({fmt(worst)})"
 
 
-def summary_markdown(records: Iterable[Mapping[str, Any]]) -> str:
+def distorted(record: Mapping[str, Any], replicas: int) -> bool:
+    """The simulator fell behind in this cell: its engine clocks skipped more than
+    `bench.DISTORTED_JUMP_SHARE` of the replicas' measured simulated time (as `kvgate bench` flags)."""
+    return float(record["sim_clock_jump_s"]) > DISTORTED_JUMP_SHARE * replicas * float(record["duration_s"])
+
+
+def summary_markdown(records: Iterable[Mapping[str, Any]], replicas: int) -> str:
+    """The tables (module docstring); `replicas` is the fleet's size (for the distortion flag)."""
     cells: dict[str, dict[tuple[str, int], dict[int, Mapping[str, Any]]]] = defaultdict(
         lambda: defaultdict(dict)
     )
@@ -97,8 +106,9 @@ def summary_markdown(records: Iterable[Mapping[str, Any]]) -> str:
         out.append(f"\n**{workload}** (median over seeds, worst seed in brackets)\n")
         head = " | ".join(label for _, label, _ in FIGURES)
         ratios = " | ".join(f"{label} / 1 gw" for _, label, _ in FIGURES)
-        out.append(f"| index | gateways | seeds | {head} | {ratios} | group moves | errors |")
-        out.append("|" + "---|" * (5 + 2 * len(FIGURES)))
+        tail = "group moves | errors | distorted seeds"
+        out.append(f"| index | gateways | seeds | {head} | {ratios} | {tail} |")
+        out.append("|" + "---|" * (6 + 2 * len(FIGURES)))
         for (index, n), seeds in sorted(by_cell.items()):
             figures = []
             for key, _, high in FIGURES:
@@ -114,9 +124,9 @@ def summary_markdown(records: Iterable[Mapping[str, Any]]) -> str:
                 [float(s["group_moves"]) for s in seeds.values()], False, lambda v: f"{v:.0f}"
             )
             errors = sum(int(s["errors"]) + int(s["incomplete"]) for s in seeds.values())
-            out.append(
-                f"| {index} | {n} | {len(seeds)} | {' | '.join(figures + ratio_cells)} | {moves} | {errors} |"
-            )
+            bad = ",".join(str(seed) for seed, s in sorted(seeds.items()) if distorted(s, replicas)) or "-"
+            cols = " | ".join([*figures, *ratio_cells, moves, str(errors), bad])
+            out.append(f"| {index} | {n} | {len(seeds)} | {cols} |")
         rows = [s for seeds in by_cell.values() for s in seeds.values()]
         lags = [s["sim_step_lag_p99_s"] for s in rows if s["sim_step_lag_p99_s"] is not None]
         exact = [s for s in rows if s["index"] == "exact"]
@@ -141,6 +151,7 @@ def load_records(path: Path) -> list[dict[str, Any]]:
 def write_summary(out_dir: Path) -> str:
     """Write `out_dir/summary.md` from `out_dir/results.jsonl`; the markdown."""
     path = out_dir / "results.jsonl"
-    text = summary_markdown(load_records(path)) if path.exists() else "(no results)"
+    replicas = int(json.loads((out_dir / "meta.json").read_text())["fleet"]["replicas"])
+    text = summary_markdown(load_records(path), replicas) if path.exists() else "(no results)"
     (out_dir / "summary.md").write_text(text.lstrip() + "\n")
     return text

@@ -41,23 +41,28 @@ def test_index_modes_reads_the_mode_whose_sample_is_one() -> None:
     assert index_modes(text) == {"r0": "exact", "r1": "approximate"}
 
 
-def _record(index: str, n: int, seed: int, hit: float, goodput: float) -> dict[str, Any]:
+def _record(index: str, n: int, seed: int, hit: float, goodput: float, jump: float = 0.0) -> dict[str, Any]:
     return {"workload": "w", "index": index, "gateways": n, "seed": seed, "prefix_hit_rate": hit,
             "goodput_rps": goodput, "ttft_p90_s": 0.1, "group_moves": 0, "errors": 0, "incomplete": 0,
             "gateway_cpu_frac": 0.1, "sim_cpu_frac": 0.1, "loadgen_cpu_frac": 0.1, "sim_step_lag_p99_s": 0.01,
-            "sim_clock_jump_s": 0.0, "exact_replicas_before": 2, "exact_replicas_after": 2,
-            "loadavg_end": 1.0}  # fmt: skip
+            "sim_clock_jump_s": jump, "duration_s": 10.0, "exact_replicas_before": 2,
+            "exact_replicas_after": 2, "loadavg_end": 1.0}  # fmt: skip
 
 
 def test_the_summary_divides_each_seed_by_the_same_seeds_one_gateway_figure() -> None:
+    """And flags the seeds whose simulator fell behind (clock jumps > 2% of 2 replicas x 10 s)."""
     records = [_record("exact", 1, 0, 0.8, 10.0), _record("exact", 1, 1, 0.5, 10.0),
-               _record("exact", 4, 0, 0.4, 10.0), _record("exact", 4, 1, 0.5, 5.0)]  # fmt: skip
-    text = summary_markdown(records)
+               _record("exact", 4, 0, 0.4, 10.0, jump=0.3),
+               _record("exact", 4, 1, 0.5, 5.0, jump=0.5)]  # fmt: skip
+    text = summary_markdown(records, replicas=2)
     row = next(line for line in text.splitlines() if line.startswith("| exact | 4 |"))
     cells = [c.strip() for c in row.split("|")[1:-1]]
     # hit rate: median 45% (worst 40%); ratios per seed 0.5 and 1.0: median 0.75, worst 0.50
     assert cells[3] == "45.0% (40.0%)"
     assert cells[6] == "0.75 (0.50)" and cells[7] == "0.75 (0.50)"
+    assert cells[-1] == "1"  # seed 1: 0.5 s of jumps > 0.4 s; seed 0: 0.3 s is not
+    one = next(line for line in text.splitlines() if line.startswith("| exact | 1 |"))
+    assert one.rstrip(" |").endswith("-")
 
 
 @pytest.mark.timeout(180)
