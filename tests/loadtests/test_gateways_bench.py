@@ -59,7 +59,7 @@ def test_the_summary_divides_each_seed_by_the_same_seeds_one_gateway_figure() ->
     cells = [c.strip() for c in row.split("|")[1:-1]]
     # hit rate: median 45% (worst 40%); ratios per seed 0.5 and 1.0: median 0.75, worst 0.50
     assert cells[3] == "45.0% (40.0%)"
-    assert cells[6] == "0.75 (0.50)" and cells[7] == "0.75 (0.50)"
+    assert cells[6] == "0.750 (0.500)" and cells[7] == "0.750 (0.500)"
     assert cells[-1] == "1"  # seed 1: 0.5 s of jumps > 0.4 s; seed 0: 0.3 s is not
     one = next(line for line in text.splitlines() if line.startswith("| exact | 1 |"))
     assert one.rstrip(" |").endswith("-")
