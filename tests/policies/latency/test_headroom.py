@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
 from policies.latency.headroom import (
@@ -38,7 +40,7 @@ def headroom(states: list[ReplicaState], models: dict[str, ReplicaLatencyModel] 
 def test_headroom_falls_monotonically_as_load_rises_and_goes_negative() -> None:
     values = [headroom([state("r0", running=n)]) for n in range(0, 400, 10)]
     assert values[0] > 0
-    assert all(b < a for a, b in zip(values, values[1:], strict=False))
+    assert all(b < a for a, b in itertools.pairwise(values))
     assert values[-1] < 0
 
 
