@@ -29,6 +29,7 @@ from gateway.kv_events.service import KvEvents
 from gateway.latency_store import LatencyStore
 from gateway.metrics import GatewayMetrics, gauge_family
 from gateway.model_routes import ModelRoutes
+from gateway.pool_headroom import PoolHeadroomView
 from gateway.reload import ConfigReloader, Reconfigurable
 from gateway.replica_auth import ReplicaCredentials
 from gateway.request_id import RequestIds
@@ -70,6 +71,11 @@ class Gateway:
         self.router = Router(config, self.rng)
         # Each dispatch's predicted latency against what it got (gateway/latency_store.py).
         self.latency = LatencyStore(self.router.latency, self.metrics)
+        # Goodput headroom per pool, computed at scrape time (gateway/pool_headroom.py).
+        self.headroom = PoolHeadroomView(
+            lambda: self.snapshot.config, self.fleet, lambda: self.router.latency, clock
+        )
+        self.metrics.add_callback(self.headroom.collect)
         # vLLM's KV-cache events, where replicas publish them: the exact prefix index (issue #13).
         self.kv_events = KvEvents(config, self.fleet, clock)
         self.router.exact = self.kv_events

@@ -1,0 +1,85 @@
+"""Goodput headroom over real loopback HTTP to the simulator: /metrics and GET /admin/pools carry
+each pool's headroom, and it falls as the load on the fleet rises (ordering, not timings)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from gateway.auth_keys import hash_key
+from tests.gateway.stack import MODEL, Stack, chat, metric_value, stack, wait_for
+
+ADMIN = "sk-admin-headroom"
+CONFIG = {
+    "auth": {"admin_keys": [hash_key(ADMIN)]},
+    "models": [{"name": MODEL, "latency_prior": {"profile": "tiny", "time_scale": 4.0}}],
+    "headroom": {"ttft_slo_s": 0.5, "tpot_slo_s": 0.05},
+}
+PROMPT = "Draft the release notes for the storage service, section by section. " * 20
+
+
+async def readings(s: Stack) -> tuple[float, float, float, dict[str, Any]]:
+    rps = await metric_value(s.client, "kvgate_pool_goodput_headroom_requests_per_second", {"pool": MODEL})
+    name = "kvgate_pool_goodput_headroom_tokens_per_second"
+    prompt = await metric_value(s.client, name, {"pool": MODEL, "kind": "prompt"})
+    output = await metric_value(s.client, name, {"pool": MODEL, "kind": "output"})
+    r = await s.client.get("/admin/pools", headers={"authorization": f"Bearer {ADMIN}"})
+    assert r.status_code == 200
+    (pool,) = r.json()["data"]
+    return rps, prompt, output, pool
+
+
+async def test_headroom_is_exported_and_falls_as_load_rises() -> None:
+    async with stack(replicas=2, time_scale=4.0, config=CONFIG) as s:
+        default = (await readings(s))[3]
+        assert default["mix"]["samples"] == 0 and default["load_requests_per_second"] == 0
+        # A couple of short answers first: the pool's mix is then what was observed, not the default.
+        for i in range(2):
+            r = await s.client.post("/v1/chat/completions", json=chat(f"{PROMPT} warm {i}", max_tokens=8))
+            assert r.status_code == 200
+        await wait_for(lambda: s.gateway.headroom.mix_samples(MODEL) == 2)
+        # The replicas' scrapes show them idle again (a scrape from before the answers ended would
+        # still count them busy).
+        await wait_for(lambda: all(r.running + r.waiting == 0 for r in s.gateway.fleet.snapshot().replicas))
+
+        idle_rps, idle_prompt, idle_output, idle = await readings(s)
+        assert idle["pool"] == MODEL and idle["slo"] == {"ttft_s": 0.5, "tpot_s": 0.05}
+        assert idle_rps > 0 and idle_prompt > 0 and idle_output > 0
+        assert idle["goodput_headroom"]["requests_per_second"] > 0
+        assert {r["name"] for r in idle["replicas"]} == {"r0", "r1"}
+        assert idle["load_requests_per_second"] == 0
+        assert idle["mix"]["output_tokens"] < default["mix"]["output_tokens"]
+
+        release = asyncio.Event()
+        tasks: list[asyncio.Task[None]] = []
+
+        async def one(i: int) -> None:
+            body = chat(f"{PROMPT} stream {i}", max_tokens=2000, stream=True)
+            async with s.client.stream("POST", "/v1/chat/completions", json=body) as r:
+                assert r.status_code == 200
+                async for _ in r.aiter_bytes():
+                    if release.is_set():
+                        break
+
+        async def load(n: int) -> tuple[float, dict[str, Any]]:
+            tasks.extend(asyncio.create_task(one(len(tasks) + i)) for i in range(n))
+            await wait_for(
+                lambda: sum(r.in_flight for r in s.gateway.fleet.snapshot().replicas) == len(tasks)
+            )
+            rps, _, _, pool = await readings(s)
+            return rps, pool
+
+        try:
+            light_rps, light = await load(4)
+            heavy_rps, heavy = await load(28)
+        finally:
+            release.set()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+        assert idle_rps > light_rps > heavy_rps
+        assert 0 < light["load_requests_per_second"] < heavy["load_requests_per_second"]
+        assert light["mix"]["samples"] >= 2
+        assert sum(r["busy"] for r in heavy["replicas"]) >= 32
+        for pool in (light, heavy):
+            h = pool["goodput_headroom"]
+            assert h["prompt_tokens_per_second"] == h["requests_per_second"] * pool["mix"]["prompt_tokens"]
