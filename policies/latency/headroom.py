@@ -30,6 +30,15 @@ The napkin, for one replica at a steady arrival rate `lam` (requests/s):
    larger of kvgate's own in-flight count and (from a fresh scrape) running + waiting: other
    gateways' requests load the replica too. lam_now tends to 1/W as N grows, the saturated rate.
 
+Extrapolation. The slopes are what headroom extrapolates with, and a replica seen only at low load
+cannot tell them: at a small batch the KV read is a fraction of a millisecond of a step, and the fit
+puts it in the intercept or the slope alike (on the simulator at a quarter of the knee, the TPOT
+slope calibrated to 10-30% of the roofline's, with a posterior standard deviation of ~70% of it,
+which would have put the knee ~30% too high). So `p` and `d` are each fit's slope plus one
+posterior standard deviation (`LinearFit.p11`): before calibration that is twice the prior (the
+prior is "could be 2x off"), and the margin shrinks as the replica is seen over a range of loads.
+Capacity is then a cautious figure, the right side to err on for scaling out.
+
 Headroom per replica = lam_max - lam_now (negative when the replica is past the load at which the
 SLOs hold); the pool's is the sum over its in-service healthy replicas, so replicas of different
 speeds add their own capacities. Tokens/s are the requests/s times the mix's mean prompt and output
@@ -41,6 +50,7 @@ Pure: the caller passes the models, the fleet's states and the mix; no clock, no
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
@@ -136,12 +146,14 @@ class PoolHeadroom:
 
 
 def coefficients(model: ReplicaLatencyModel) -> tuple[float, float, float, float]:
-    """(a, p, c, d) of the module docstring from a replica's calibrated fits (seconds; per token)."""
+    """(a, p, c, d) of the module docstring from a replica's calibrated fits (seconds; per token),
+    each slope one posterior standard deviation up (module docstring, "Extrapolation")."""
+    ttft, tpot = model.ttft, model.tpot
     return (
-        model.ttft.a,
-        model.ttft.b / TTFT_X_TOKENS,
-        model.tpot.a,
-        model.tpot.b / TPOT_X_TOKENS,
+        ttft.a,
+        (ttft.b + math.sqrt(ttft.p11)) / TTFT_X_TOKENS,
+        tpot.a,
+        (tpot.b + math.sqrt(tpot.p11)) / TPOT_X_TOKENS,
     )
 
 
