@@ -5,7 +5,8 @@ path sees, each pool's request mix (an EWMA of finished requests' prompt, uncach
 tokens, fed by gateway/proxy.py when an answer's usage is known), and computes the headroom from the
 Router's latency models and the fleet snapshot when asked: on each /metrics scrape
 (`kvgate_pool_goodput_headroom_requests_per_second{pool}`,
-`kvgate_pool_goodput_headroom_tokens_per_second{pool,kind}` with kind prompt or output) and on
+`kvgate_pool_goodput_headroom_tokens_per_second{pool,kind}` with kind prompt or output,
+`kvgate_pool_goodput_headroom_ratio{pool}`, headroom / capacity) and on
 `GET /admin/pools`. Nothing is computed per request.
 
 The SLOs are `headroom_slos(config)` (gateway/config_headroom.py) of the config in force at the time
@@ -28,6 +29,7 @@ from policies.latency.replica_model import ReplicaLatencyModel
 
 RPS_METRIC = "kvgate_pool_goodput_headroom_requests_per_second"
 TPS_METRIC = "kvgate_pool_goodput_headroom_tokens_per_second"
+RATIO_METRIC = "kvgate_pool_goodput_headroom_ratio"
 
 
 class PoolHeadroomView:
@@ -97,12 +99,20 @@ class PoolHeadroomView:
             "(prompt, output).",
             labels=["pool", "kind"],
         )
+        ratio = GaugeMetricFamily(
+            RATIO_METRIC,
+            "Goodput headroom as a share of the pool's SLO capacity: 1 idle, 0 at the knee, negative "
+            "past it (-1: no capacity). 1 - this is the pool's utilisation for an autoscaler.",
+            labels=["pool"],
+        )
         for p in self.pools():
             rps.add_metric([p.pool], p.headroom_rps)
+            ratio.add_metric([p.pool], p.ratio)
             tps.add_metric([p.pool, "prompt"], p.prompt_tokens_per_s)
             tps.add_metric([p.pool, "output"], p.output_tokens_per_s)
         yield rps
         yield tps
+        yield ratio
 
     def summary(self) -> list[dict[str, Any]]:
         """Every pool as `GET /admin/pools` shows it."""
@@ -123,6 +133,7 @@ class PoolHeadroomView:
                         "requests_per_second": p.headroom_rps,
                         "prompt_tokens_per_second": p.prompt_tokens_per_s,
                         "output_tokens_per_second": p.output_tokens_per_s,
+                        "ratio": p.ratio,
                     },
                     "capacity_requests_per_second": p.capacity_rps,
                     "load_requests_per_second": p.load_rps,

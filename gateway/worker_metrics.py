@@ -65,6 +65,7 @@ GAUGE_MERGE: dict[str, str] = {
     # worker.
     "kvgate_pool_goodput_headroom_requests_per_second": "min",
     "kvgate_pool_goodput_headroom_tokens_per_second": "min",
+    "kvgate_pool_goodput_headroom_ratio": "min",
 }
 
 

@@ -41,9 +41,11 @@ Capacity is then a cautious figure, the right side to err on for scaling out.
 
 Headroom per replica = lam_max - lam_now (negative when the replica is past the load at which the
 SLOs hold); the pool's is the sum over its in-service healthy replicas, so replicas of different
-speeds add their own capacities. Tokens/s are the requests/s times the mix's mean prompt and output
-tokens. The formula ignores the engine's own caps (max_num_seqs, KV blocks): past them a replica
-queues, which a fresh scrape shows as waiting requests and the Little's-law estimate counts.
+speeds add their own capacities. `ratio` is headroom / capacity (1 - ratio is the pool's load as a
+share of what it can serve within the SLOs: an autoscaler's utilisation). Tokens/s are the
+requests/s times the mix's mean prompt and output tokens. The formula ignores the engine's own
+caps (max_num_seqs, KV blocks): past them a replica queues, which a fresh scrape shows as waiting
+requests and the Little's-law estimate counts.
 
 Pure: the caller passes the models, the fleet's states and the mix; no clock, no I/O.
 """
@@ -135,6 +137,13 @@ class PoolHeadroom:
     @property
     def headroom_rps(self) -> float:
         return self.capacity_rps - self.load_rps
+
+    @property
+    def ratio(self) -> float:
+        """Headroom as a share of the pool's SLO capacity: 1 idle, 0 at the knee, negative past it;
+        -1 when the pool has no capacity at all (no replica in service, or SLOs below an idle
+        replica's latency)."""
+        return self.headroom_rps / self.capacity_rps if self.capacity_rps > 0 else -1.0
 
     @property
     def prompt_tokens_per_s(self) -> float:

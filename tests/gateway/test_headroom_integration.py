@@ -23,6 +23,8 @@ async def readings(s: Stack) -> tuple[float, float, float, dict[str, Any]]:
     name = "kvgate_pool_goodput_headroom_tokens_per_second"
     prompt = await metric_value(s.client, name, {"pool": MODEL, "kind": "prompt"})
     output = await metric_value(s.client, name, {"pool": MODEL, "kind": "output"})
+    ratio = await metric_value(s.client, "kvgate_pool_goodput_headroom_ratio", {"pool": MODEL})
+    assert ratio <= 1.0
     r = await s.client.get("/admin/pools", headers={"authorization": f"Bearer {ADMIN}"})
     assert r.status_code == 200
     (pool,) = r.json()["data"]
@@ -77,6 +79,8 @@ async def test_headroom_is_exported_and_falls_as_load_rises() -> None:
             await asyncio.gather(*tasks, return_exceptions=True)
 
         assert idle_rps > light_rps > heavy_rps
+        ratios = [p["goodput_headroom"]["ratio"] for p in (idle, light, heavy)]
+        assert ratios[0] == 1.0 and ratios[0] > ratios[1] > ratios[2]
         assert 0 < light["load_requests_per_second"] < heavy["load_requests_per_second"]
         assert light["mix"]["samples"] >= 2
         assert sum(r["busy"] for r in heavy["replicas"]) >= 32

@@ -104,6 +104,7 @@ def test_goodput_headroom_takes_the_most_loaded_workers_view() -> None:
         g = Gauge("kvgate_pool_goodput_headroom_tokens_per_second", "T.", ["pool", "kind"], registry=r)
         g.labels("m", "prompt").set(rps * 1000)
         g.labels("m", "output").set(rps * 200)
+        Gauge("kvgate_pool_goodput_headroom_ratio", "R.", ["pool"], registry=r).labels("m").set(rps / 20)
         return wm.local_families(r)
 
     got = samples(wm.merge([view(12.0), view(-3.0), view(8.0)]))

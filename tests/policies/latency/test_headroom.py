@@ -117,3 +117,13 @@ def test_request_mix_starts_at_the_first_request_then_averages() -> None:
     assert 1900 <= mix.mix.prompt_tokens < 2000
     mix.observe(10, 10, 0)  # no output: not a sample
     assert mix.count == 2
+
+
+def test_the_ratio_is_one_idle_zero_at_the_knee_and_minus_one_without_capacity() -> None:
+    model = ReplicaLatencyModel(PRIOR)
+    idle = pool_headroom("m", [state("a")], {}, model, MIX, SLOS, 0.0, 5.0)
+    assert idle.ratio == pytest.approx(1.0)
+    busy = pool_headroom("m", [state("a", running=60)], {}, model, MIX, SLOS, 0.0, 5.0)
+    assert busy.ratio == pytest.approx(1 - busy.load_rps / busy.capacity_rps)
+    none = pool_headroom("m", [state("a", healthy=False)], {}, model, MIX, SLOS, 0.0, 5.0)
+    assert none.ratio == -1.0
