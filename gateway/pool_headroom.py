@@ -59,8 +59,9 @@ class PoolHeadroomView:
         mix = self._mixes.get(pool)
         return 0 if mix is None else mix.count
 
-    def pools(self) -> list[PoolHeadroom]:
-        """Every pool of the fleet snapshot's headroom now, in the order pools first appear."""
+    def pools(self, slope_sigmas: float = 1.0) -> list[PoolHeadroom]:
+        """Every pool of the fleet snapshot's headroom now, in the order pools first appear
+        (`slope_sigmas`: `policies.latency.headroom`'s extrapolation margin; benchmarks vary it)."""
         config = self._config()
         slos = headroom_slos(config)
         est = self._estimator()
@@ -81,6 +82,7 @@ class PoolHeadroomView:
                     slos,
                     now,
                     config.fleet.stale_after_s,
+                    slope_sigmas,
                 )
             )
         return out

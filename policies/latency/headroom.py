@@ -154,15 +154,15 @@ class PoolHeadroom:
         return self.headroom_rps * self.mix.output_tokens
 
 
-def coefficients(model: ReplicaLatencyModel) -> tuple[float, float, float, float]:
+def coefficients(model: ReplicaLatencyModel, slope_sigmas: float = 1.0) -> tuple[float, float, float, float]:
     """(a, p, c, d) of the module docstring from a replica's calibrated fits (seconds; per token),
-    each slope one posterior standard deviation up (module docstring, "Extrapolation")."""
+    each slope `slope_sigmas` posterior standard deviations up (module docstring, "Extrapolation")."""
     ttft, tpot = model.ttft, model.tpot
     return (
         ttft.a,
-        (ttft.b + math.sqrt(ttft.p11)) / TTFT_X_TOKENS,
+        (ttft.b + slope_sigmas * math.sqrt(ttft.p11)) / TTFT_X_TOKENS,
         tpot.a,
-        (tpot.b + math.sqrt(tpot.p11)) / TPOT_X_TOKENS,
+        (tpot.b + slope_sigmas * math.sqrt(tpot.p11)) / TPOT_X_TOKENS,
     )
 
 
@@ -202,9 +202,14 @@ def busy_requests(state: ReplicaState, fresh: bool) -> int:
 
 
 def replica_headroom(
-    state: ReplicaState, model: ReplicaLatencyModel, mix: Mix, slos: Slos, fresh: bool
+    state: ReplicaState,
+    model: ReplicaLatencyModel,
+    mix: Mix,
+    slos: Slos,
+    fresh: bool,
+    slope_sigmas: float = 1.0,
 ) -> ReplicaHeadroom:
-    coef = coefficients(model)
+    coef = coefficients(model, slope_sigmas)
     busy = busy_requests(state, fresh)
     return ReplicaHeadroom(state.name, capacity_rps(coef, mix, slos), load_rps(coef, mix, busy), busy)
 
@@ -218,6 +223,7 @@ def pool_headroom(
     slos: Slos,
     now: float,
     stale_after_s: float,
+    slope_sigmas: float = 1.0,
 ) -> PoolHeadroom:
     """The headroom of `pool`'s in-service healthy replicas among `states`. A replica kvgate has no
     model for yet counts with `default_model` (its pool's prior). A replica out of service or
@@ -227,7 +233,8 @@ def pool_headroom(
         if state.pool != pool or not (state.in_service and state.healthy):
             continue
         model = models.get(state.name, default_model)
-        out.append(replica_headroom(state, model, mix, slos, state.is_fresh(now, stale_after_s)))
+        fresh = state.is_fresh(now, stale_after_s)
+        out.append(replica_headroom(state, model, mix, slos, fresh, slope_sigmas))
     return PoolHeadroom(
         pool,
         sum(r.capacity_rps for r in out),
