@@ -33,6 +33,7 @@ async def readings(s: Stack) -> tuple[float, float, float, dict[str, Any]]:
 
 async def test_headroom_is_exported_and_falls_as_load_rises() -> None:
     async with stack(replicas=2, time_scale=4.0, config=CONFIG) as s:
+        assert (await s.client.get("/admin/pools")).status_code == 401  # an admin route like the others
         default = (await readings(s))[3]
         assert default["mix"]["samples"] == 0 and default["load_requests_per_second"] == 0
         # A couple of short answers first: the pool's mix is then what was observed, not the default.
