@@ -36,6 +36,7 @@ async def test_headroom_is_exported_and_falls_as_load_rises() -> None:
         assert (await s.client.get("/admin/pools")).status_code == 401  # an admin route like the others
         default = (await readings(s))[3]
         assert default["mix"]["samples"] == 0 and default["load_requests_per_second"] == 0
+
         # Streamed answers first, two at a time: every replica's model is calibrated from a few TTFTs and
         # TPOTs (its capacity moves most over the first observations), and the pool's mix is what was
         # observed, not the default.
