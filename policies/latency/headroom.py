@@ -32,12 +32,14 @@ The napkin, for one replica at a steady arrival rate `lam` (requests/s):
 
 Extrapolation. The slopes are what headroom extrapolates with, and a replica seen only at low load
 cannot tell them: at a small batch the KV read is a fraction of a millisecond of a step, and the fit
-puts it in the intercept or the slope alike (on the simulator at a quarter of the knee, the TPOT
-slope calibrated to 10-30% of the roofline's, with a posterior standard deviation of ~70% of it,
-which would have put the knee ~30% too high). So `p` and `d` are each fit's slope plus one
-posterior standard deviation (`LinearFit.p11`): before calibration that is twice the prior (the
-prior is "could be 2x off"), and the margin shrinks as the replica is seen over a range of loads.
-Capacity is then a cautious figure, the right side to err on for scaling out.
+puts it in the intercept or the slope alike (on the simulator the TPOT slope calibrated to 5-30% of
+the roofline's, with a posterior standard deviation of ~70% of it, and the fits' own slopes put the
+knee 18-40% too high when read at a sixth to a third of it). So `p` and `d` are each fit's slope
+plus one posterior standard deviation (`LinearFit.p11`; `slope_sigmas`): before calibration that is
+twice the prior (the prior is "could be 2x off"), and the margin shrinks as the replica is seen
+over a range of batch sizes. Measured (docs/benchmarks.md, "Goodput headroom"): 0.92-0.98 of the
+knee read at a third of it, 0.67-0.70 at a twelfth, never above. Cautious is the right side to err
+on for scaling out.
 
 Headroom per replica = lam_max - lam_now (negative when the replica is past the load at which the
 SLOs hold); the pool's is the sum over its in-service healthy replicas, so replicas of different
