@@ -41,7 +41,9 @@ class PoolHeadroomView:
         fleet: FleetState,
         estimator: Callable[[], LatencyEstimator],
         clock: Callable[[], float],
+        queued: Callable[[str], int] = lambda pool: 0,
     ) -> None:
+        self._queued = queued  # a pool's requests waiting at the gateway (admission's queue)
         self._config = config
         self._fleet = fleet
         self._estimator = estimator
@@ -83,6 +85,7 @@ class PoolHeadroomView:
                     now,
                     config.fleet.stale_after_s,
                     slope_sigmas,
+                    self._queued(pool),
                 )
             )
         return out
@@ -139,6 +142,7 @@ class PoolHeadroomView:
                     },
                     "capacity_requests_per_second": p.capacity_rps,
                     "load_requests_per_second": p.load_rps,
+                    "backlog_requests_per_second": p.backlog_rps,
                     "replicas": [
                         {
                             "name": r.replica,

@@ -43,7 +43,10 @@ on for scaling out.
 
 Headroom per replica = lam_max - lam_now (negative when the replica is past the load at which the
 SLOs hold); the pool's is the sum over its in-service healthy replicas, so replicas of different
-speeds add their own capacities. `ratio` is headroom / capacity (1 - ratio is the pool's load as a
+speeds add their own capacities, less the gateway's own backlog: Q requests queued at kvgate
+(admission holds them when the replicas are full) must start within the TTFT SLO, a rate of Q / S
+on top of the arrivals. Without it a fleet that admission keeps at its knee would show ~0 headroom
+however long the queue in front of it. `ratio` is headroom / capacity (1 - ratio is the pool's load as a
 share of what it can serve within the SLOs: an autoscaler's utilisation). Tokens/s are the
 requests/s times the mix's mean prompt and output tokens. The formula ignores the engine's own
 caps (max_num_seqs, KV blocks): past them a replica queues, which a fresh scrape shows as waiting
@@ -135,10 +138,11 @@ class PoolHeadroom:
     load_rps: float
     mix: Mix
     replicas: tuple[ReplicaHeadroom, ...]
+    backlog_rps: float = 0.0  # requests queued at the gateway, to be served within the TTFT SLO
 
     @property
     def headroom_rps(self) -> float:
-        return self.capacity_rps - self.load_rps
+        return self.capacity_rps - self.load_rps - self.backlog_rps
 
     @property
     def ratio(self) -> float:
@@ -226,10 +230,13 @@ def pool_headroom(
     now: float,
     stale_after_s: float,
     slope_sigmas: float = 1.0,
+    queued: int = 0,
 ) -> PoolHeadroom:
     """The headroom of `pool`'s in-service healthy replicas among `states`. A replica kvgate has no
     model for yet counts with `default_model` (its pool's prior). A replica out of service or
-    ejected adds no capacity, but the load still on it is not counted either: it is draining."""
+    ejected adds no capacity, but the load still on it is not counted either: it is draining.
+    `queued`: the pool's requests waiting at the gateway (admission's queue), counted as the extra
+    rate of serving them within the TTFT SLO (module docstring)."""
     out = []
     for state in states:
         if state.pool != pool or not (state.in_service and state.healthy):
@@ -243,4 +250,5 @@ def pool_headroom(
         sum(r.load_rps for r in out),
         mix,
         tuple(out),
+        queued / slos.ttft_s,
     )

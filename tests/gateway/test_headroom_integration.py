@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import pytest
+
 from gateway.auth_keys import hash_key
 from tests.gateway.stack import MODEL, Stack, chat, metric_value, stack, wait_for
 
@@ -97,3 +99,34 @@ async def test_headroom_is_exported_and_falls_as_load_rises() -> None:
         for pool in (light, heavy):
             h = pool["goodput_headroom"]
             assert h["prompt_tokens_per_second"] == h["requests_per_second"] * pool["mix"]["prompt_tokens"]
+
+
+async def test_requests_queued_at_admission_count_against_the_headroom() -> None:
+    # One slot per replica: the third and later streams wait at kvgate, not on the replicas.
+    config = {**CONFIG, "flow_control": {"saturation": {"max_in_flight_per_replica": 1}}}
+    async with stack(replicas=2, time_scale=4.0, config=config) as s:
+        release = asyncio.Event()
+
+        async def one(i: int) -> None:
+            body = chat(f"{PROMPT} queued {i}", max_tokens=2000, stream=True)
+            async with s.client.stream("POST", "/v1/chat/completions", json=body) as r:
+                assert r.status_code == 200
+                async for _ in r.aiter_bytes():
+                    if release.is_set():
+                        break
+
+        tasks = [asyncio.create_task(one(i)) for i in range(6)]
+        try:
+            admission = s.gateway.tenancy.admission
+            await wait_for(lambda: admission.depth_in(MODEL) == 4)
+            (pool,) = (
+                await s.client.get("/admin/pools", headers={"authorization": f"Bearer {ADMIN}"})
+            ).json()["data"]
+            assert pool["backlog_requests_per_second"] == 4 / 0.5  # 4 queued, to start within 0.5 s
+            h = pool["goodput_headroom"]["requests_per_second"]
+            assert h == pytest.approx(
+                pool["capacity_requests_per_second"] - pool["load_requests_per_second"] - 8.0
+            )
+        finally:
+            release.set()
+            await asyncio.gather(*tasks, return_exceptions=True)

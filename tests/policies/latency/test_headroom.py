@@ -127,3 +127,12 @@ def test_the_ratio_is_one_idle_zero_at_the_knee_and_minus_one_without_capacity()
     assert busy.ratio == pytest.approx(1 - busy.load_rps / busy.capacity_rps)
     none = pool_headroom("m", [state("a", healthy=False)], {}, model, MIX, SLOS, 0.0, 5.0)
     assert none.ratio == -1.0
+
+
+def test_requests_queued_at_the_gateway_count_at_the_rate_the_ttft_slo_asks() -> None:
+    model = ReplicaLatencyModel(PRIOR)
+    none = pool_headroom("m", [state("a", running=20)], {}, model, MIX, SLOS, 0.0, 5.0)
+    queued = pool_headroom("m", [state("a", running=20)], {}, model, MIX, SLOS, 0.0, 5.0, queued=10)
+    assert queued.backlog_rps == pytest.approx(10 / SLOS.ttft_s)
+    assert queued.headroom_rps == pytest.approx(none.headroom_rps - 10 / SLOS.ttft_s)
+    assert queued.capacity_rps == none.capacity_rps and queued.load_rps == none.load_rps
