@@ -221,6 +221,11 @@ class AdmissionQueue:
     def depth(self) -> int:
         return self._depth
 
+    def depth_in(self, pool: str) -> int:
+        """Requests of `pool` waiting here (goodput headroom counts them as load, pool_headroom.py)."""
+        p = self._pools.get(pool)
+        return 0 if p is None else len(p.queue)
+
     # -- capacity events ------------------------------------------------------------------------
 
     def on_fleet_change(self, replica: str, change: FleetChange) -> None:

@@ -24,6 +24,7 @@ from pydantic import (
 )
 
 from gateway.config_discovery import DiscoveryConfig
+from gateway.config_headroom import HeadroomConfig
 from gateway.config_latency import LatencyPriorConfig
 from gateway.config_routes import RouteConfig, check_adapter_sources, route_problems
 from gateway.config_simulator import SimulatorConfig as SimulatorConfig  # re-exported: part of Config
@@ -399,6 +400,7 @@ class Config(_Strict):
     flow_control: FlowControlConfig = FlowControlConfig()
     ledger: LedgerConfig = LedgerConfig()
     routes: tuple[RouteConfig, ...] = ()  # A/B routing of models and adapters (gateway/config_routes.py)
+    headroom: HeadroomConfig = HeadroomConfig()  # goodput headroom's SLOs (gateway/config_headroom.py)
 
     @model_validator(mode="after")
     def _consistent(self) -> Config:
