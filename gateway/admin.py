@@ -12,6 +12,8 @@
     POST   /admin/replicas/{name}/drain      no new requests for it (terminating); its streams finish
     DELETE /admin/replicas/{name}/drain      undrain: its state follows its source again
                                              (both on every worker process of this kvgate)
+    GET    /admin/pools                      every pool: goodput headroom (requests/s, tokens/s) under the
+                                             headroom SLOs, with each replica's capacity and load
     GET    /admin/routes[/{name}]            A/B routes: weights, buckets, live counts, latency per arm
     PUT    /admin/routes/{name}              runtime weights (every gateway); DELETE: back to the file's
     GET    /admin/config, POST /admin/reload  the config in force, and reloading it (reload_admin.py)
@@ -155,6 +157,11 @@ def register_admin_routes(api: FastAPI, gateway: Callable[[], Gateway]) -> None:
         guard(request)
         gw = gateway()
         return {"object": "list", "data": [replica_summary(gw, r.name) for r in gw.fleet.snapshot().replicas]}
+
+    @api.get("/admin/pools")
+    async def list_pools(request: Request) -> dict[str, Any]:
+        guard(request)
+        return {"object": "list", "data": gateway().headroom.summary()}
 
     @api.post("/admin/replicas/{name}/drain")
     async def drain_replica(name: str, request: Request) -> dict[str, Any]:

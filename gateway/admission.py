@@ -38,17 +38,12 @@ replica's fresh scrape, a finished request (FleetChange.RELEASED), a health chan
 is cancelled (the client left) leaves the queue; if it had just been released, its slot is passed on
 to the next waiter.
 
-Predicted latency (`flow_control.predicted_admission`, policies/latency_admission). With the gate
-on, room is also what the latency model says: a replica within the hard caps above takes the next
-request only while that request's predicted TTFT there stays within `knee_factor` x its unloaded
-TTFT there, or the tightest TTFT SLO that applies (the band's, the tenant's, the request's
-`x-kvgate-ttft-slo-ms`), and its predicted TPOT within a TPOT SLO. The request's own prefill is
-priced at its whole prompt (the prefix match is not known before routing). A request the gate holds
-waits in the fair queue like any other (a sheddable one is refused at once, with a Retry-After from
-the predicted drain of the least loaded replica); a first token relayed (`on_prefilled`) is a
-capacity event too, as the work ahead of the next request just shrank. A tenant below its fair share
-while another is above it is never held or shed by the gate (its load is not what fills the pool):
-it goes as long as the hard caps allow. A waiter released by the gate is counted `pending` as any.
+Predicted latency (`flow_control.predicted_admission`, policies/latency_admission): room is also
+what the latency model says, the next request's predicted TTFT on a replica within `knee_factor` x
+its unloaded TTFT there or the tightest TTFT SLO (band, tenant, `x-kvgate-ttft-slo-ms`; its whole
+prompt priced, the prefix match is not known before routing). Held requests wait in the fair queue
+(a sheddable one: refused, Retry-After from the predicted drain); a first token (`on_prefilled`) is
+a capacity event; a tenant below its fair share while another is above it is never held or shed.
 
 Single event loop; nothing here blocks. Listeners and `enter` never call back into FleetState writers.
 """
@@ -274,6 +269,11 @@ class AdmissionQueue:
     @property
     def depth(self) -> int:
         return self._depth
+
+    def depth_in(self, pool: str) -> int:
+        """Requests of `pool` waiting here (goodput headroom counts them as load, pool_headroom.py)."""
+        p = self._pools.get(pool)
+        return 0 if p is None else len(p.queue)
 
     # -- capacity events ------------------------------------------------------------------------
 

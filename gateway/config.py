@@ -24,6 +24,7 @@ from pydantic import (
 )
 
 from gateway.config_discovery import DiscoveryConfig
+from gateway.config_headroom import HeadroomConfig
 from gateway.config_latency import LatencyPriorConfig
 from gateway.config_routes import RouteConfig, check_adapter_sources, route_problems
 from gateway.config_simulator import SimulatorConfig as SimulatorConfig  # re-exported: part of Config
@@ -357,11 +358,8 @@ BandName = Literal["critical", "standard", "sheddable"]
 
 
 def _default_bands() -> dict[BandName, BandConfig]:
-    return {
-        "critical": BandConfig(max_wait_s=30.0),
-        "standard": BandConfig(max_wait_s=10.0),
-        "sheddable": BandConfig(max_wait_s=0.0),
-    }
+    b = BandConfig
+    return {"critical": b(max_wait_s=30.0), "standard": b(max_wait_s=10.0), "sheddable": b(max_wait_s=0.0)}
 
 
 class SaturationConfig(_Strict):
@@ -405,6 +403,7 @@ class Config(_Strict):
     flow_control: FlowControlConfig = FlowControlConfig()
     ledger: LedgerConfig = LedgerConfig()
     routes: tuple[RouteConfig, ...] = ()  # A/B routing of models and adapters (gateway/config_routes.py)
+    headroom: HeadroomConfig = HeadroomConfig()  # goodput headroom's SLOs (gateway/config_headroom.py)
 
     @model_validator(mode="after")
     def _consistent(self) -> Config:

@@ -29,6 +29,7 @@ from gateway.kv_events.service import KvEvents
 from gateway.latency_store import LatencyStore
 from gateway.metrics import GatewayMetrics, gauge_family
 from gateway.model_routes import ModelRoutes
+from gateway.pool_headroom import PoolHeadroomView
 from gateway.reload import ConfigReloader, Reconfigurable
 from gateway.replica_auth import ReplicaCredentials
 from gateway.request_id import RequestIds
@@ -70,12 +71,19 @@ class Gateway:
         self.router = Router(config, self.rng)
         # Each dispatch's predicted latency against what it got (gateway/latency_store.py).
         self.latency = LatencyStore(self.router.latency, self.metrics)
+        # Goodput headroom per pool, computed at scrape time (gateway/pool_headroom.py).
         # vLLM's KV-cache events, where replicas publish them: the exact prefix index (issue #13).
         self.kv_events = KvEvents(config, self.fleet, clock)
         self.router.exact = self.kv_events
         self.tenancy = Tenancy(
             config, self.fleet, self.metrics, clock, wall_clock, latency=self.router.latency
         )
+        # Goodput headroom per pool, computed at scrape time (gateway/pool_headroom.py); the requests
+        # queued at admission count as load.
+        self.headroom = PoolHeadroomView(
+            lambda: self.snapshot.config, self.fleet, lambda: self.router.latency, clock, self._queued_in
+        )
+        self.metrics.add_callback(self.headroom.collect)
         # A/B routing: routes, their runtime weights, adapter placement, shadow copies (issue #12).
         self.model_routes = ModelRoutes(config, self.fleet, self.router, self.metrics, self.rng, clock)
         self.fleet.add_listener(self._on_fleet_change)
@@ -213,6 +221,10 @@ class Gateway:
         return not self.discovery.stale_sources() and any(
             r.in_service and r.healthy and r.scraped_at is not None for r in self.fleet.snapshot().replicas
         )
+
+    def _queued_in(self, pool: str) -> int:
+        admission = self.tenancy.admission
+        return 0 if admission is None else admission.depth_in(pool)
 
     def _on_fleet_change(self, replica: str, change: FleetChange) -> None:
         if change & (FleetChange.LEFT | FleetChange.RESET):

@@ -256,6 +256,12 @@ class ProxyEndpoint:
             if res.adapter is not None:
                 gw.model_routes.finished(res, r.name)
             latency.ended(attempt[0], attempt[2], _tpot(progress) if attempt[2] else None)
+            usage = progress.usage
+            if usage is not None and usage.completion_tokens:  # the pool's request mix (headroom)
+                ticket = attempt[0]
+                prompt = usage.prompt_tokens
+                uncached = prompt - usage.cached_tokens if usage.cached_tokens else ticket.uncached_tokens
+                gw.headroom.observe(ticket.pool, prompt, min(uncached, prompt), usage.completion_tokens)
 
         async def guarded_send(msg: MutableMapping[str, Any]) -> None:
             if msg["type"] == "http.response.body" and not msg.get("more_body", False):

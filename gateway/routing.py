@@ -5,10 +5,13 @@ session map). Runs on the request path: everything that can be built once is bui
 
 Two prefix indexes, per replica. The approximate one (`PrefixIndex`) learns from kvgate's own
 dispatches and answers for every replica. A replica whose KV events are in exact mode (`exact`,
-gateway/kv_events/) is matched on the exact index instead, when the pool has a tokenizer: the
+gateway/kv_events/) is matched on the exact index too, when the pool has a tokenizer: the
 request's tokens cut at that engine's block size and keyed as its events are, so a mixed fleet is
 scored replica by replica on the best picture kvgate has of each. Exact counts are engine blocks,
-converted to index blocks (tokens / `index_block_tokens`) so one scorer compares both.
+converted to index blocks (tokens / `index_block_tokens`) so one scorer compares both. An exact-mode
+replica's figure is the larger of its exact match and the approximate index's (where this gateway
+sent the prefix: routing memory, so a home that evicted a prefix's tail keeps its group; see
+`Router._exact_match`).
 """
 
 from __future__ import annotations
@@ -271,7 +274,17 @@ class Router:
     def _exact_match(
         self, info: RequestInfo, names: list[str], approx: Mapping[str, float], now: float
     ) -> Mapping[str, float]:
-        """`approx` with the replicas in exact mode matched on the exact index instead."""
+        """`approx` with the replicas in exact mode matched on the exact index instead, except where
+        this gateway's own memory says more: a replica's figure is the larger of what its events
+        say it holds and what the approximate index says this gateway sent it (routing memory).
+
+        Why both: under KV pressure the home replica of a prefix evicts the prefix's tail blocks
+        between two of its requests. On the exact index alone its match then drops below another
+        replica's, the group moves, and from then on two replicas hold partial copies and trade it
+        back and forth (docs/benchmarks.md, "Exact vs approximate index under KV pressure (live, one
+        gateway)": it lost hits against the approximate index). Keeping the memory, a home that evicted
+        part of a prefix keeps its group (the request re-prefills the tail there); the exact index
+        still shows prefixes this gateway never sent (other gateways' dispatches)."""
         assert self.exact is not None
         sizes = self.exact.exact_block_sizes(names, now)
         if not sizes:
@@ -280,13 +293,12 @@ class Router:
         groups: dict[int, list[str]] = {}
         for name, size in sizes.items():
             groups.setdefault(size, []).append(name)
-            match.pop(name, None)
         most = float(len(info.prefix_keys))
         per_index_block = 1.0 / self.index_block_tokens
         for size, group in groups.items():
             keys = lazy_request_keys(info.token_bytes, size, info.base_model, info.adapter, info.cache_salt)
             for name, blocks in self.exact.index.match(keys, tuple(group)).items():
-                match[name] = min(most, blocks * size * per_index_block)
+                match[name] = max(match.get(name, 0.0), min(most, blocks * size * per_index_block))
         return match
 
     def dispatched(self, info: RequestInfo, replica: str) -> None:

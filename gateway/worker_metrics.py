@@ -59,6 +59,13 @@ GAUGE_MERGE: dict[str, str] = {
     "kvgate_discovery_replicas": "max",
     "kvgate_config_generation": "max",
     "kvgate_config_info": "max",  # 1 for each config hash some worker has in force
+    # Every worker computes a pool's goodput headroom from the same scrape of the same replicas, plus
+    # its own in-flight requests (all of the load between scrapes is seen by no single worker): the
+    # lowest is the worker that sees the most load, and a sum would count the pool's capacity once per
+    # worker.
+    "kvgate_pool_goodput_headroom_requests_per_second": "min",
+    "kvgate_pool_goodput_headroom_tokens_per_second": "min",
+    "kvgate_pool_goodput_headroom_ratio": "min",
 }
 
 

@@ -188,7 +188,8 @@ class Child:
 
 class SimFleetProcess:
     """`kvgate sim SIM_ARGS` as a child (`--port 0` in them); `urls` (one per replica) once started.
-    Use as a context manager."""
+    With `--kv-events-port` in SIM_ARGS, `kv_events` holds each replica's (PUB, replay ROUTER)
+    endpoints, from the lines `kvgate sim` prints after the URLs. Use as a context manager."""
 
     def __init__(
         self, sim_args: Sequence[str], replicas: int, cpus: tuple[int, ...] | None, log_path: Path
@@ -196,8 +197,10 @@ class SimFleetProcess:
         self.replicas = replicas
         self._cmd = kvgate_command(cpus, *sim_args)
         self._log_path = log_path
+        self._want_events = "--kv-events-port" in sim_args
         self.child: Child | None = None
         self.urls: list[str] = []
+        self.kv_events: list[tuple[str, str]] = []
 
     def start(self, timeout_s: float = 60.0) -> list[str]:
         """Start the child and read one URL per replica from its stdout (RuntimeError on failure)."""
@@ -206,7 +209,7 @@ class SimFleetProcess:
         deadline = time.monotonic() + timeout_s
         os.set_blocking(child.proc.stdout.fileno(), False)
         buffer = b""
-        while len(self.urls) < self.replicas:
+        while len(self.urls) < self.replicas or (self._want_events and len(self.kv_events) < self.replicas):
             if time.monotonic() > deadline or not child.alive():
                 child.stop()
                 raise RuntimeError(
@@ -218,6 +221,7 @@ class SimFleetProcess:
                 buffer += chunk
                 *lines, buffer = buffer.split(b"\n")
                 self.urls += [ln.decode().strip() for ln in lines if ln.startswith(b"http")]
+                self.kv_events += [_kv_endpoints(ln.decode()) for ln in lines if ln.startswith(b"kv-events ")]
             else:
                 time.sleep(0.05)
         return self.urls
@@ -234,13 +238,42 @@ class SimFleetProcess:
         self.stop()
 
 
+def _kv_endpoints(line: str) -> tuple[str, str]:
+    """`kv-events pub=tcp://H:P replay=tcp://H:Q` (a `kvgate sim` line) -> (pub, replay)."""
+    fields = dict(part.split("=", 1) for part in line.split()[1:])
+    return fields["pub"], fields["replay"]
+
+
+def listeners(port: int) -> int:
+    """How many sockets listen on TCP `port` (IPv4, from /proc/net/tcp; 0 where unavailable): N
+    for a `kvgate serve --workers N` whose workers are all serving (each binds with SO_REUSEPORT)."""
+    try:
+        rows = Path("/proc/net/tcp").read_text().splitlines()[1:]
+    except OSError:
+        return 0
+    want = f":{port:04X}"
+    return sum(1 for r in rows if (f := r.split()) and f[1].endswith(want) and f[3] == "0A")
+
+
+def tree_cpu_seconds(pid: int) -> float:
+    """`cpu_seconds` of a process and of its live children (a supervisor's workers)."""
+    try:
+        kids = [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:
+        kids = []
+    return sum(cpu_seconds(p) for p in (pid, *kids))
+
+
 class GatewayProcess:
     """`kvgate serve --config FILE` as a child, listening on `url`. Use as an async context manager:
-    entering waits until `/ready` answers 200 with every replica scraped."""
+    entering waits until `/ready` answers 200 with every replica scraped. With `workers` it runs
+    `kvgate serve --workers N` (the config must share its limits through Redis when N > 1), and
+    entering also waits until N sockets listen on the port (every worker serving)."""
 
     def __init__(
-        self, config: dict[str, Any], config_path: Path, cpus: tuple[int, ...] | None, log_path: Path
-    ) -> None:
+        self, config: dict[str, Any], config_path: Path, cpus: tuple[int, ...] | None, log_path: Path,
+        *, workers: int | None = None,
+    ) -> None:  # fmt: skip
         config_path.parent.mkdir(parents=True, exist_ok=True)
         config_path.write_text(yaml.safe_dump(config, sort_keys=False))
         server = config.get("server", {})
@@ -248,6 +281,9 @@ class GatewayProcess:
         self._port = int(server.get("port", 0)) or free_port(self._host)
         self.url = f"http://{self._host}:{self._port}"
         self._cmd = kvgate_command(cpus, "serve", "--config", str(config_path), "--port", str(self._port))
+        if workers is not None:
+            self._cmd += ["--workers", str(workers)]
+        self._listeners = workers or 1
         self._log_path = log_path
         self._replicas = len(config.get("replicas", ()))
         self.child: Child | None = None
@@ -271,7 +307,8 @@ class GatewayProcess:
                     async with session.get(self.url + "/ready") as resp:
                         body = await resp.json(content_type=None)
                         seen = [r for r in body.get("replicas", []) if r.get("scraped") and r.get("healthy")]
-                        if resp.status == 200 and len(seen) >= self._replicas:
+                        if (resp.status == 200 and len(seen) >= self._replicas
+                                and listeners(self._port) >= self._listeners):  # fmt: skip
                             return
                 await asyncio.sleep(0.1)
 

@@ -91,3 +91,32 @@ def test_each_process_enforces_its_share_of_gateways_times_workers() -> None:
 def test_the_worker_count_needs_a_restart() -> None:
     old, new = parse_config(redis_config(workers=2)), parse_config(redis_config(workers=4))
     assert [p.split(" ")[0] for p in restart_needed(old, new)] == ["server.workers"]
+
+
+def test_goodput_headroom_takes_the_most_loaded_workers_view() -> None:
+    # Each worker computes the pool's headroom from the same replicas: summing would count the
+    # pool's capacity once per worker; the lowest is the worker that sees the most load.
+    def view(rps: float) -> list[wm.Family]:
+        r = CollectorRegistry()
+        Gauge("kvgate_pool_goodput_headroom_requests_per_second", "H.", ["pool"], registry=r).labels("m").set(
+            rps
+        )
+        g = Gauge("kvgate_pool_goodput_headroom_tokens_per_second", "T.", ["pool", "kind"], registry=r)
+        g.labels("m", "prompt").set(rps * 1000)
+        g.labels("m", "output").set(rps * 200)
+        Gauge("kvgate_pool_goodput_headroom_ratio", "R.", ["pool"], registry=r).labels("m").set(rps / 20)
+        return wm.local_families(r)
+
+    got = samples(wm.merge([view(12.0), view(-3.0), view(8.0)]))
+    assert got[("kvgate_pool_goodput_headroom_requests_per_second", (("pool", "m"),))] == -3.0
+    assert (
+        got[("kvgate_pool_goodput_headroom_tokens_per_second", (("kind", "prompt"), ("pool", "m")))]
+        == -3000.0
+    )
+    assert (
+        got[("kvgate_pool_goodput_headroom_tokens_per_second", (("kind", "output"), ("pool", "m")))] == -600.0
+    )
+    # Gone with an exited worker (gauges are dropped).
+    assert ("kvgate_pool_goodput_headroom_requests_per_second", (("pool", "m"),)) not in samples(
+        wm.merge([], exited=[view(1.0)])
+    )
