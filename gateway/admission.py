@@ -38,6 +38,13 @@ replica's fresh scrape, a finished request (FleetChange.RELEASED), a health chan
 is cancelled (the client left) leaves the queue; if it had just been released, its slot is passed on
 to the next waiter.
 
+Predicted latency (`flow_control.predicted_admission`, policies/latency_admission): room is also
+what the latency model says, the next request's predicted TTFT on a replica within `knee_factor` x
+its unloaded TTFT there or the tightest TTFT SLO (band, tenant, `x-kvgate-ttft-slo-ms`; its whole
+prompt priced, the prefix match is not known before routing). Held requests wait in the fair queue
+(a sheddable one: refused, Retry-After from the predicted drain); a first token (`on_prefilled`) is
+a capacity event; a tenant below its fair share while another is above it is never held or shed.
+
 Single event loop; nothing here blocks. Listeners and `enter` never call back into FleetState writers.
 """
 
@@ -60,6 +67,8 @@ from gateway.metrics import GatewayMetrics
 from policies.drain_rate import DrainRate
 from policies.fair_queue import FairQueue, QueueItem
 from policies.fair_share import FairShare
+from policies.latency.estimator import LatencyEstimator
+from policies.latency_admission import NO_SLO, LatencySlo, excess_s, replica_room, retry_after_from_drain
 from policies.retry_after import retry_after_from_queue
 from policies.saturation import SaturationThresholds, replica_headroom
 from policies.types import Band
@@ -69,13 +78,20 @@ _DOWN = 1 << 30  # "room" of a pool with no healthy replica: do not hold request
 _DEFAULT_MAX_WAIT = {Band.CRITICAL: 30.0, Band.STANDARD: 10.0, Band.SHEDDABLE: 0.0}
 
 
+@dataclass(frozen=True, slots=True)
+class _Waiter:
+    fut: asyncio.Future[None]
+    prompt_tokens: int
+    slo: LatencySlo
+
+
 @dataclass(slots=True)
 class _Pool:
     name: str
     indexes: tuple[int, ...]  # positions of its replicas in the fleet snapshot (see `_sync`)
     drain: DrainRate
     share: FairShare
-    queue: FairQueue[asyncio.Future[None]] = field(default_factory=FairQueue)
+    queue: FairQueue[_Waiter] = field(default_factory=FairQueue)
     pending: int = 0  # released from the queue, not yet dispatched
 
 
@@ -83,6 +99,13 @@ def _max_waits(cfg: FlowControlConfig) -> dict[Band, float]:
     out = dict(_DEFAULT_MAX_WAIT)
     for name, band in cfg.bands.items():
         out[Band.parse(name)] = band.max_wait_s
+    return out
+
+
+def _band_slos(cfg: FlowControlConfig) -> dict[Band, LatencySlo]:
+    out = dict.fromkeys(Band, LatencySlo())
+    for name, band in cfg.bands.items():
+        out[Band.parse(name)] = LatencySlo(band.ttft_slo_s, band.tpot_slo_s)
     return out
 
 
@@ -101,6 +124,7 @@ class AdmissionQueue:
         fleet: FleetState,
         metrics: GatewayMetrics,
         clock: Callable[[], float],
+        latency: LatencyEstimator | None = None,
     ) -> None:
         sat = cfg.saturation
         self._thr = SaturationThresholds(
@@ -111,6 +135,8 @@ class AdmissionQueue:
         )
         self._cfg = cfg
         self._max_wait = _max_waits(cfg)
+        self._latency = latency
+        self._band_slo = _band_slos(cfg)
         self._fleet = fleet
         self._m = metrics
         self._clock = clock
@@ -128,8 +154,19 @@ class AdmissionQueue:
 
     # -- the request path -----------------------------------------------------------------------
 
-    async def enter(self, pool: str, tenant: str, weight: float, band: Band, cost_tokens: int) -> Path:
+    async def enter(
+        self,
+        pool: str,
+        tenant: str,
+        weight: float,
+        band: Band,
+        cost_tokens: int,
+        prompt_tokens: int = 0,
+        slo: LatencySlo = NO_SLO,
+    ) -> Path:
         """Return when the request may be dispatched ("direct" or after waiting, "queued").
+        `prompt_tokens` and `slo` (the tenant's and the request's; the band's is added here) are what
+        the latency gate judges by.
 
         The caller must dispatch without awaiting anything else first (the release is counted as
         `pending` only until this returns). Raises GatewayError 503 (shed, queue full, timeout) or
@@ -141,18 +178,29 @@ class AdmissionQueue:
         if p is None:
             return "direct"  # not a pool of this fleet: routing will answer
         now = self._clock()
-        if not p.queue:
+        slo = self._band_slo[band].tighten(slo)
+        gated = self._gated()
+        drain_s: float | None = None  # the gate held it: the predicted drain, for Retry-After
+        if not p.queue or (gated and self._max_wait[band] <= 0):
             reserve = self._reserve(p)
             room = self._room(p, now, reserve + 1)
             if room > reserve or (
                 room > 0
                 and (band is Band.CRITICAL or p.share.below_share(tenant, room, now, p.queue.depth_of))
             ):
-                p.share.started(tenant, weight, now)
-                return "direct"
+                if not gated:  # (the queue is empty)
+                    p.share.started(tenant, weight, now)
+                    return "direct"
+                fits, drain = self._latency_room(p, now, prompt_tokens, slo)
+                light = p.share.outweighed(max(fits, 0), now, p.queue.depth_of)
+                if (fits > 0 and not p.queue) or light(tenant):
+                    p.share.started(tenant, weight, now)
+                    return "direct"
+                if fits <= 0:
+                    drain_s = drain
         max_wait = self._max_wait[band]
         if max_wait <= 0:
-            raise self._refuse(p, band, tenant, now, "shed")
+            raise self._refuse(p, band, tenant, now, "shed", drain_s)
         if self._closed:
             raise shutting_down()
         if self._depth >= self._cfg.max_queue:
@@ -163,7 +211,8 @@ class AdmissionQueue:
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         item_id = str(next(self._ids))
         # Deadlines are kept by each waiter's own timeout, not by the queue (deadline = inf).
-        p.queue.push(QueueItem(item_id, tenant, band, weight, max(0, cost_tokens), now, math.inf, fut))
+        waiter = _Waiter(fut, max(0, prompt_tokens), slo)
+        p.queue.push(QueueItem(item_id, tenant, band, weight, max(0, cost_tokens), now, math.inf, waiter))
         self._depth += 1
         self._drain(p, now)  # a more important request may go ahead of what waits, if there is room
         outcome = "cancelled"
@@ -246,15 +295,22 @@ class AdmissionQueue:
         if before is not None and before is not p and before.queue:
             self._drain(before, now)
 
+    def on_prefilled(self, pool: str) -> None:
+        """A request of `pool` got its first token: with the latency gate on, the work ahead of the
+        next one shrank, so waiters may go."""
+        p = self._pools.get(pool)
+        if p is not None and p.queue and self._gated():
+            self._drain(p, self._clock())
+
     def close(self) -> None:
         """Refuse everything waiting, and all that would wait from now on: 503 with Retry-After and
         Connection: close (the end of a drain's propagation window, and shutdown). Idempotent."""
         self._closed = True
         for p in self._pools.values():
             while (item := p.queue.pop()) is not None:
-                if not item.payload.done():
+                if not item.payload.fut.done():
                     self._m.rejections.labels(item.tenant, "draining").inc()
-                    item.payload.set_exception(shutting_down())
+                    item.payload.fut.set_exception(shutting_down())
         self._depth = 0
 
     def reconfigure(self, cfg: FlowControlConfig) -> None:
@@ -269,6 +325,7 @@ class AdmissionQueue:
         )
         self._cfg = cfg
         self._max_wait = _max_waits(cfg)
+        self._band_slo = _band_slos(cfg)
         self._window = cfg.fair_share.active_window_s
         now = self._clock()
         for p in self._pools.values():
@@ -327,6 +384,32 @@ class AdmissionQueue:
                 return room
         return room if healthy else _DOWN
 
+    def _gated(self) -> bool:
+        return self._latency is not None and self._cfg.predicted_admission
+
+    def _latency_room(self, p: _Pool, now: float, prompt_tokens: int, slo: LatencySlo) -> tuple[int, float]:
+        """Requests like this one (`prompt_tokens`, `slo`) the pool's replicas can take by the latency
+        gate (policies/latency_admission), less those released and not yet dispatched; and the least
+        predicted drain (seconds) before one of them would take it."""
+        est = self._latency
+        assert est is not None
+        replicas = self._fleet.snapshot().replicas
+        thr = self._thr
+        stale, knee = thr.stale_after_s, self._cfg.knee_factor
+        tokens = max(0, prompt_tokens)
+        room = -p.pending
+        drain = math.inf
+        for i in p.indexes:
+            r = replicas[i]
+            if replica_headroom(r, thr, now) <= 0:
+                continue
+            predicted = est.ttft_s(r, tokens, now, stale)
+            unloaded = est.unloaded_ttft_s(r, tokens)
+            tpot = est.tpot_s(r, now, stale) if slo.tpot_s is not None else 0.0
+            room += replica_room(predicted, unloaded, est.prefill_s(r, tokens), knee, slo, tpot)
+            drain = min(drain, excess_s(predicted, unloaded, knee, slo))
+        return room, drain
+
     def _reserve(self, p: _Pool) -> int:
         # Never more than half a replica's slots: the reserve is slack, not a partition.
         per = min(self._cfg.fair_share.reserve_per_replica, self._thr.max_in_flight_per_replica // 2)
@@ -345,28 +428,46 @@ class AdmissionQueue:
         if not reserve_too:
             room -= reserve
             reserve = 0
+        fits = 1 << 30  # requests the latency gate lets through (sized by the queue's head)
+        light: Callable[[str], bool] | None = None
+        if room > 0 and self._gated() and (first := q.peek()) is not None:
+            fits = self._latency_room(p, now, first.payload.prompt_tokens, first.payload.slo)[0]
+            if fits <= 0:
+                light = share.outweighed(0, now, q.depth_of)
         while room > 0:
-            if room > reserve or ((head := q.peek()) is not None and head.band is Band.CRITICAL):
+            if light is not None:
+                item = q.pop(eligible=light)  # the gate is shut: only tenants it does not hold
+            elif room > reserve or ((head := q.peek()) is not None and head.band is Band.CRITICAL):
                 item = q.pop()  # priority between bands stays strict: critical is never held back
             else:
                 item = q.pop(eligible=share.eligibility(room, now, q.depth_of))
             if item is None:
                 return
             self._depth -= 1
-            fut = item.payload
+            fut = item.payload.fut
             if fut.done():  # its waiter is already leaving
                 continue
             fut.set_result(None)
             p.pending += 1
             share.started(item.tenant, item.weight, now)
             room -= 1
+            fits -= 1
+            if fits <= 0 and light is None:
+                light = share.outweighed(0, now, q.depth_of) if room > 0 else None
+                if light is None:
+                    return
 
-    def _refuse(self, p: _Pool, band: Band, tenant: str, now: float, reason: str) -> GatewayError:
+    def _refuse(
+        self, p: _Pool, band: Band, tenant: str, now: float, reason: str, drain_s: float | None = None
+    ) -> GatewayError:
+        """`drain_s`: the latency gate held the request, this many seconds from fitting (Retry-After)."""
         self._m.rejections.labels(tenant, reason).inc()
-        ahead = p.queue.work_ahead(band).requests + 1
-        retry = retry_after_from_queue(
-            ahead, p.drain.requests_per_s(now), fallback_s=self._cfg.retry_after_fallback_s
-        )
+        fallback = self._cfg.retry_after_fallback_s
+        if drain_s is not None:
+            retry = retry_after_from_drain(drain_s, fallback_s=fallback)
+        else:
+            ahead = p.queue.work_ahead(band).requests + 1
+            retry = retry_after_from_queue(ahead, p.drain.requests_per_s(now), fallback_s=fallback)
         headers = ((b"retry-after", str(retry).encode()),)
         if reason == "tenant_queue_full":
             return GatewayError(

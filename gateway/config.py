@@ -28,6 +28,7 @@ from gateway.config_headroom import HeadroomConfig
 from gateway.config_latency import LatencyPriorConfig
 from gateway.config_routes import RouteConfig, check_adapter_sources, route_problems
 from gateway.config_simulator import SimulatorConfig as SimulatorConfig  # re-exported: part of Config
+from gateway.config_slo import DEFAULT_KNEE_FACTOR, SloConfig
 from gateway.config_tenancy import (
     AdminKeyConfig,
     KeyConfig,
@@ -276,6 +277,7 @@ class TenantConfig(_Strict):
     models: tuple[str, ...] | None = None  # allow-list; "base:*" means any adapter of base
     quotas: tuple[QuotaConfig, ...] = ()
     keys: tuple[KeyConfig, ...] = ()  # named keys (`api_keys` are keys without a name)
+    slo: SloConfig = SloConfig()  # TTFT/TPOT objectives that tighten the latency gate
 
     @field_validator("api_keys")
     @classmethod
@@ -348,17 +350,16 @@ class StateConfig(_Strict):
 
 class BandConfig(_Strict):
     max_wait_s: float = Field(ge=0)
+    ttft_slo_s: float | None = Field(None, gt=0, allow_inf_nan=False)  # gateway/config_slo.py
+    tpot_slo_s: float | None = Field(None, gt=0, allow_inf_nan=False)
 
 
 BandName = Literal["critical", "standard", "sheddable"]
 
 
 def _default_bands() -> dict[BandName, BandConfig]:
-    return {
-        "critical": BandConfig(max_wait_s=30.0),
-        "standard": BandConfig(max_wait_s=10.0),
-        "sheddable": BandConfig(max_wait_s=0.0),
-    }
+    b = BandConfig
+    return {"critical": b(max_wait_s=30.0), "standard": b(max_wait_s=10.0), "sheddable": b(max_wait_s=0.0)}
 
 
 class SaturationConfig(_Strict):
@@ -383,6 +384,8 @@ class FlowControlConfig(_Strict):
     max_queue_per_tenant: int = Field(512, ge=0)
     pass_priority: bool = False  # send the band as vLLM's integer `priority`
     retry_after_fallback_s: int = Field(5, ge=1)
+    predicted_admission: bool = False  # the latency gate (gateway/config_slo.py)
+    knee_factor: float = Field(DEFAULT_KNEE_FACTOR, gt=1, le=100, allow_inf_nan=False)
 
 
 class Config(_Strict):

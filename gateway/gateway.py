@@ -75,7 +75,9 @@ class Gateway:
         # vLLM's KV-cache events, where replicas publish them: the exact prefix index (issue #13).
         self.kv_events = KvEvents(config, self.fleet, clock)
         self.router.exact = self.kv_events
-        self.tenancy = Tenancy(config, self.fleet, self.metrics, clock, wall_clock)
+        self.tenancy = Tenancy(
+            config, self.fleet, self.metrics, clock, wall_clock, latency=self.router.latency
+        )
         # Goodput headroom per pool, computed at scrape time (gateway/pool_headroom.py); the requests
         # queued at admission count as load.
         self.headroom = PoolHeadroomView(

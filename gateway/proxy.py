@@ -106,7 +106,9 @@ class ProxyEndpoint:
                 model_label = res.pool
                 gw.tenancy.check_model(tenant, res.target)
             info = await self._request_info(req, res, tenant.name, scope, snap)
-            admitted = await gw.tenancy.admit(tenant, info, header(scope, b"x-kvgate-priority"))
+            admitted = await gw.tenancy.admit(
+                tenant, info, header(scope, b"x-kvgate-priority"), header(scope, b"x-kvgate-ttft-slo-ms")
+            )
             info = admitted.info
             extra_headers = [rid, *admitted.headers]
             await self._route_and_forward(
@@ -238,6 +240,8 @@ class ProxyEndpoint:
             attempt[2] = True
             latency.first_token(attempt[0], time.perf_counter() - attempt[1])
             gw.router.latency.step_seen(r.name, gw.clock())
+            if gw.tenancy.admission is not None:  # the work ahead shrank: the latency gate may open
+                gw.tenancy.admission.on_prefilled(info.base_model)
 
         itl = gw.model_routes.itl_observer(res, gw.metrics.for_model(info.base_model).itl.observe)
         step_seen = gw.router.latency.step_seen

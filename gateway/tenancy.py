@@ -52,6 +52,8 @@ from gateway.sse_filter import Usage
 from gateway.stores import build_ledger_store, build_store
 from gateway.tenants import ANONYMOUS, Tenant, TenantRegistry
 from policies.charging import Charge, charge
+from policies.latency.estimator import LatencyEstimator
+from policies.latency_admission import TTFT_SLO_HEADER, LatencySlo, parse_ttft_slo_header
 from policies.tenancy import choose_band
 from policies.types import Band, RequestInfo
 
@@ -123,6 +125,7 @@ class Tenancy:
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
         gateway_id: str | None = None,
+        latency: LatencyEstimator | None = None,
     ) -> None:
         self.config = config
         self.registry = TenantRegistry(config)
@@ -140,7 +143,7 @@ class Tenancy:
         fc = config.flow_control
         self.admission: AdmissionQueue | None = None
         if fc.enabled:
-            self.admission = AdmissionQueue(fc, config.fleet.stale_after_s, fleet, metrics, clock)
+            self.admission = AdmissionQueue(fc, config.fleet.stale_after_s, fleet, metrics, clock, latency)
         self._pass_priority = fc.pass_priority
         self.in_flight: dict[str, int] = {}
         self.key_in_flight: dict[tuple[str, str], int] = {}
@@ -294,15 +297,23 @@ class Tenancy:
             k = (tenant.name, key.name)
             self.key_in_flight[k] = self.key_in_flight.get(k, 0) + n
 
-    async def admit(self, tenant: Tenant, info: RequestInfo, priority: bytes | None) -> Admitted:
+    async def admit(
+        self, tenant: Tenant, info: RequestInfo, priority: bytes | None, ttft_slo: bytes | None = None
+    ) -> Admitted:
         """Pass the request through concurrency, rate limits, quotas and flow control, or raise
-        GatewayError. The caller dispatches right away (no await in between) and settles exactly once."""
+        GatewayError. The caller dispatches right away (no await in between) and settles exactly once.
+        `ttft_slo`: the request's `x-kvgate-ttft-slo-ms` header (malformed: 400; it only tightens)."""
         name = tenant.name
         try:
             band = choose_band(tenant.band, priority.decode("latin-1") if priority else None)
         except ValueError as err:
             self._m.rejections.labels(name, "bad_priority").inc()
             raise GatewayError(400, f"x-kvgate-priority: {err}", param="x-kvgate-priority") from None
+        try:
+            slo = tenant.slo.tighten(LatencySlo(parse_ttft_slo_header(ttft_slo)))
+        except ValueError as err:
+            self._m.rejections.labels(name, "bad_slo").inc()
+            raise GatewayError(400, f"{TTFT_SLO_HEADER}: {err}", param=TTFT_SLO_HEADER) from None
         if tenant.max_concurrency is not None or tenant.key is not None:
             self._concurrency(tenant)
         self._hold(tenant, 1)  # held from here: concurrent admits cannot all pass
@@ -317,8 +328,9 @@ class Tenancy:
             if self.admission is not None:
                 try:
                     path = await self.admission.enter(
-                        info.base_model, name, tenant.weight, band, info.reserved_tokens
-                    )
+                        info.base_model, name, tenant.weight, band, info.reserved_tokens,
+                        info.prompt_tokens, slo,
+                    )  # fmt: skip
                 except GatewayError as err:
                     if reservation is None:
                         raise

@@ -31,6 +31,7 @@ from gateway.config_tenancy import UNNAMED_KEY_PREFIX, KeyLimits, QuotaConfig
 from gateway.policy_overrides import NO_OVERRIDES, KeyRecord, Overrides
 from gateway.quotas import Quota
 from gateway.stores.base import Bucket
+from policies.latency_admission import NO_SLO, LatencySlo
 from policies.tenancy import ModelAllowList
 from policies.token_bucket import BucketSpec
 from policies.types import Band
@@ -79,6 +80,7 @@ class Tenant:
     buckets: tuple[Bucket, ...] = ()  # requests and/or tokens, in that order (built once)
     quotas: tuple[Quota, ...] = ()
     key: KeyPolicy | None = None
+    slo: LatencySlo = NO_SLO  # `tenants[].slo`: tightens the latency gate
 
     @property
     def limited(self) -> bool:
@@ -123,6 +125,7 @@ def compile_tenant(t: TenantConfig, concurrency_share: int = 1, quota_source: st
         tpm=lim.tpm,
         buckets=tuple(b for b in (requests, tokens) if b is not None),
         quotas=tuple(Quota.compile(q, t.name, None, quota_source) for q in t.quotas),
+        slo=t.slo.slo(),
     )
 
 

@@ -161,6 +161,10 @@ def gateway_config(
             }
         },
     }
+    if preset.flow_control:  # the latency gate's settings, judged against the profile's prior
+        config["flow_control"].update(preset.flow_control)
+        prior = {"profile": preset.fleet.profile, "time_scale": scale}
+        config["models"][0]["latency_prior"] = prior
     if preset.profiles:
         config["scheduling"]["profiles"] = {name: dict(spec) for name, spec in preset.profiles.items()}
     if isinstance(workload, NoisyNeighbourWorkload):

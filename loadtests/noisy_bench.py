@@ -2,7 +2,7 @@
 
     python -m loadtests.noisy_bench [--repeats 2] [--b-requests 40] [--slots 16]
         [--b-prompt-tokens 1024] [--output-jitter J] [--reserve R] [--no-flow-control]
-        [--out FILE.json]
+        [--predicted-admission {on,off}] [--knee-factor F] [--profile P] [--seed S] [--out FILE.json]
 
 A simulated fleet (`kvgate sim`, 2 x llama-3-8b-h100 with 2,048 KV blocks, time scale 5, pinned
 apart as `kvgate bench` pins it) behind one `kvgate serve` with two tenants, A and B, of equal
@@ -18,7 +18,10 @@ tokens (`--output-jitter J`: uniform in 64 x [1 - J, 1 + J]).
 `--slots` is the saturation threshold (in-flight requests per replica); `--reserve` the slots per
 replica kept for tenants below their fair share (`flow_control.fair_share.reserve_per_replica`;
 0 = plain work-conserving fair queuing); `--no-flow-control` turns the gateway's queue off, the
-reference for what fair queuing and shedding buy.
+reference for what fair queuing and shedding buy. `--predicted-admission on|off` sets
+`flow_control.predicted_admission` (default: kvgate's), `--knee-factor` its `knee_factor`,
+`--profile` the scheduling profile; the pool's latency prior is the simulator's profile at its
+time scale either way.
 
 Reported per repeat: B's TTFT p50/p95/p99 solo and contended, the p95 ratio (issue #4 asks for
 <= 2x), B's and A's statuses, and A's goodput. Latencies are simulated seconds
@@ -52,11 +55,24 @@ KEYS = {"A": "noisy-bench-key-a", "B": "noisy-bench-key-b"}
 
 
 def gateway_config(
-    urls: list[str], slots: int, flow_control: bool = True, reserve: int | None = None
+    urls: list[str],
+    slots: int,
+    flow_control: bool = True,
+    reserve: int | None = None,
+    predicted: bool | None = None,
+    knee_factor: float | None = None,
+    profile: str | None = None,
 ) -> dict[str, Any]:
     fair_share = {} if reserve is None else {"fair_share": {"reserve_per_replica": reserve}}
+    gate: dict[str, Any] = {} if predicted is None else {"predicted_admission": predicted}
+    if knee_factor is not None:
+        gate["knee_factor"] = knee_factor
+    prior = {"profile": "llama-3-8b-h100", "time_scale": TIME_SCALE}
+    routing = {} if profile is None else {"scheduling": {"profile": profile}}
     return {
+        **routing,
         "server": {"host": "127.0.0.1", "port": free_port(), "log_level": "warning"},
+        "models": [{"name": MODEL, "latency_prior": prior}],
         "replicas": [{"url": u, "model": MODEL, "name": f"r{i}"} for i, u in enumerate(urls)],
         "tenants": [{"name": n, "api_keys": [hash_key(k)]} for n, k in KEYS.items()],
         "flow_control": {
@@ -65,6 +81,7 @@ def gateway_config(
             "max_queue_per_tenant": 4 * slots,
             "bands": {"standard": {"max_wait_s": 2.0 * TIME_SCALE}},
             **fair_share,
+            **gate,
         },
     }
 
@@ -233,10 +250,14 @@ async def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     with tempfile.TemporaryDirectory(prefix="kvgate-noisy-") as tmp:
         logs = Path(tmp)
         with SimFleetProcess(sim_args, 2, layout.sim_cpus, logs / "sim.log") as sim:
-            cfg = gateway_config(sim.urls, args.slots, not args.no_flow_control, args.reserve)
+            predicted = None if args.predicted_admission is None else args.predicted_admission == "on"
+            cfg = gateway_config(
+                sim.urls, args.slots, not args.no_flow_control, args.reserve, predicted, args.knee_factor,
+                args.profile,
+            )  # fmt: skip
             async with GatewayProcess(cfg, logs / "gateway.yaml", layout.gateway_cpus, logs / "gw.log") as gw:
                 for k in range(args.repeats):
-                    r = await one_repeat(gw.url, sim.urls, args, 100 * k)
+                    r = await one_repeat(gw.url, sim.urls, args, args.seed + 100 * k)
                     out.append(r)
                     print(report(k, out[-1]), flush=True)
     return out
@@ -260,6 +281,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--reserve", type=int, help="flow_control.fair_share.reserve_per_replica (default: kvgate's)"
     )
+    p.add_argument(
+        "--predicted-admission", choices=("on", "off"), help="the latency gate (default: kvgate's)"
+    )
+    p.add_argument("--knee-factor", type=float, help="flow_control.knee_factor (default: kvgate's)")
+    p.add_argument("--profile", help="scheduling.profile (default: kvgate's)")
+    p.add_argument("--seed", type=int, default=0, help="the first repeat's seed (then +100 per repeat)")
     p.add_argument("--out", help="write the figures as JSON")
     p.add_argument("--no-pin", action="store_true")
     args = p.parse_args(argv)

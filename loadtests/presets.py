@@ -172,6 +172,7 @@ class BenchPreset:
     seed: int = 0
     profiles: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     gateway_tokenizer: str = "none"
+    flow_control: Mapping[str, Any] = field(default_factory=dict)  # merged into the gateway's
     notes: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:

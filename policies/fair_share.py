@@ -109,3 +109,17 @@ class FairShare:
             return me is None or me.in_flight < capacity * me.weight / total_weight
 
         return below
+
+    def outweighed(self, room: int, now: float, queued: Callable[[str], int]) -> Callable[[str], bool]:
+        """For the latency gate (policies/latency_admission): is a tenant below its fair share while
+        another active tenant is not? Such a tenant's load is not what fills the pool, so it is never
+        held or shed by the gate for the heavy one (the hard caps still apply). With one active tenant
+        (or all below their share) the answer is False for everyone: the gate holds them all. `room`
+        here is what the gate lets through (not the slots), so the shares are of what the pool takes."""
+        below = self.eligibility(room, now, queued)
+        heavy = [name for name in self._tenants if not below(name)]
+
+        def light(tenant: str) -> bool:
+            return bool(heavy) and below(tenant)
+
+        return light

@@ -111,6 +111,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=None,
         help="the gateway's tokenizer for the model: none (~4 bytes per token) or sim (exact)",
     )
+    p.add_argument(
+        "--predicted-admission",
+        choices=("on", "off"),
+        default=None,
+        help="the gateway's flow_control.predicted_admission (default: kvgate's); either value also "
+        "gives the pool the simulator profile's latency prior",
+    )
+    p.add_argument("--knee-factor", type=float, default=None, help="the gateway's flow_control.knee_factor")
     p.add_argument("--no-pin", action="store_true", help="do not pin processes to CPUs")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--des", action="store_true",
@@ -189,6 +197,13 @@ def resolve(args: argparse.Namespace) -> tuple[Any, Any]:
                         ("gateway_tokenizer", "gateway_tokenizer")):  # fmt: skip
         if getattr(args, flag) is not None:
             changes[field] = getattr(args, flag)
+    flow = dict(preset.flow_control)
+    if args.predicted_admission is not None:
+        flow["predicted_admission"] = args.predicted_admission == "on"
+    if args.knee_factor is not None:
+        flow["knee_factor"] = args.knee_factor
+    if flow:
+        changes["flow_control"] = flow
     profiles = dict(preset.profiles)
     if args.profiles is not None:
         loaded = yaml.safe_load(args.profiles.read_text())

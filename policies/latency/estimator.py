@@ -96,6 +96,12 @@ class LatencyEstimator:
         batch = model.batch_kv_tokens(state, fresh)
         return model.ttft_s(model.tokens_ahead(state, fresh), uncached, batch, model.wait_s(batch, now))
 
+    def unloaded_ttft_s(self, state: ReplicaState, uncached: int) -> float:
+        """Predicted TTFT of a request with `uncached` tokens to prefill on `state`'s replica with
+        nothing ahead of it and nothing running: what the admission gate's knee is a multiple of."""
+        model = self._models.get(state.name) or self.model(state.name, state.pool)
+        return model.ttft_s(0.0, uncached, 0.0, 0.0)
+
     def costs(
         self,
         states: Sequence[ReplicaState],

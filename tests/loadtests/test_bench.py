@@ -322,3 +322,19 @@ def test_interrupt_stops_the_children_and_keeps_partial_results(
     doc = load_results(results)
     assert doc["meta"]["complete"] is False
     _children_gone(doc["meta"])
+
+
+def test_the_latency_gate_flags_reach_the_gateway_config_with_the_profiles_prior() -> None:
+    preset, _ = resolve(_args("--out", "x", "--predicted-admission", "on", "--knee-factor", "3"))
+    assert preset.flow_control == {"predicted_admission": True, "knee_factor": 3.0}
+    workload = build_workload(preset.workloads[1], preset.fleet, requests=4, seed=0)
+    data = gateway_config(
+        "default", ["http://127.0.0.1:9001"], "llama-3-8b", preset=preset, workload=workload, port=1
+    )
+    config = parse_config(data)
+    assert config.flow_control.predicted_admission and config.flow_control.knee_factor == 3.0
+    prior = config.models[0].latency_prior
+    assert prior is not None and prior.profile == preset.fleet.profile
+    assert prior.time_scale == preset.fleet.time_scale
+    untouched, _ = resolve(_args("--out", "x"))
+    assert untouched.flow_control == {}

@@ -77,3 +77,12 @@ def test_queue_share_over_the_admissions_between_two_reads() -> None:
     assert q["queued_share"] == pytest.approx(0.75)  # 6 of the 8 new admissions waited
     assert q["queue_wait_mean_s"] == pytest.approx(0.5)  # 3 simulated seconds over 6
     assert noisy_bench.queue_share(before, before) == {"queued_share": None, "queue_wait_mean_s": None}
+
+
+def test_the_latency_gate_settings_reach_the_gateway_config() -> None:
+    on = parse_config(noisy_bench.gateway_config(["http://127.0.0.1:1"], 16, predicted=True, knee_factor=1.5))
+    assert on.flow_control.predicted_admission and on.flow_control.knee_factor == 1.5
+    prior = on.models[0].latency_prior
+    assert prior is not None and prior.profile == "llama-3-8b-h100"
+    off = parse_config(noisy_bench.gateway_config(["http://127.0.0.1:1"], 16, predicted=False))
+    assert not off.flow_control.predicted_admission

@@ -1,0 +1,29 @@
+"""Latency SLOs and the predicted-latency admission gate's settings (issue #11).
+
+- `tenants[].slo: {ttft_s, tpot_s}` and `flow_control.bands.<band>.{ttft_slo_s, tpot_slo_s}`: seconds,
+  optional; each only tightens the gate (policies/latency_admission), as does a request's
+  `x-kvgate-ttft-slo-ms` header.
+- `flow_control.predicted_admission`: the gate on or off; `flow_control.knee_factor` (> 1): with no
+  SLO, a request is sent while its predicted TTFT on a replica stays within this many times its
+  TTFT there unloaded.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from policies.latency_admission import LatencySlo
+
+DEFAULT_KNEE_FACTOR = 1.25  # measured: docs/benchmarks.md, "Admission on predicted latency"
+
+
+class SloConfig(BaseModel):
+    """A TTFT and/or TPOT objective in seconds (either may be left out)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    ttft_s: float | None = Field(None, gt=0, allow_inf_nan=False)
+    tpot_s: float | None = Field(None, gt=0, allow_inf_nan=False)
+
+    def slo(self) -> LatencySlo:
+        return LatencySlo(self.ttft_s, self.tpot_s)

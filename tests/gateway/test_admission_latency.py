@@ -1,0 +1,177 @@
+"""gateway/admission.py with the latency gate (`flow_control.predicted_admission`): requests wait
+while the next one's predicted TTFT would be past the knee or an SLO, go on a first token, a
+sheddable one is refused with a Retry-After from the predicted drain, a light tenant is never held
+for a heavy one, and today's saturation thresholds still cap. Real FleetState and LatencyEstimator
+(the napkin prior: 25 ms per 1,000 uncached tokens), injected clock."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from gateway.admission import AdmissionQueue
+from gateway.config import FleetConfig, FlowControlConfig, ReplicaConfig
+from gateway.errors import GatewayError
+from gateway.fleet.metrics_parse import ReplicaMetrics
+from gateway.fleet.state import FleetState
+from gateway.metrics import GatewayMetrics
+from policies.latency.estimator import LatencyEstimator, Prediction
+from policies.latency_admission import LatencySlo
+from policies.types import Band
+from tests.gateway.stores.fakes import FakeClock
+
+POOL = "m"
+PROMPT = 1000  # tokens: 25.5 ms unloaded on the prior, ~54 ms with one more like it ahead
+
+
+class Harness:
+    """One replica "a"; requests dispatch as the proxy does: enter, then the ticket and the ledger."""
+
+    def __init__(self, **flow: Any) -> None:
+        self.clock = FakeClock()
+        flow.setdefault("saturation", {"max_in_flight_per_replica": 8, "max_waiting_per_replica": 8})
+        flow.setdefault("predicted_admission", True)
+        flow.setdefault("fair_share", {"reserve_per_replica": 0})
+        self.fleet = FleetState(
+            [ReplicaConfig(url="http://a:1", model=POOL, name="a")],
+            FleetConfig(stale_after_s=1.0),
+            self.clock,
+        )
+        self.est = LatencyEstimator(16)
+        self.metrics = GatewayMetrics()
+        self.adm = AdmissionQueue(
+            FlowControlConfig.model_validate(flow), 1.0, self.fleet, self.metrics, self.clock, self.est
+        )
+        self.fleet.add_listener(self.adm.on_fleet_change)
+        self.fleet.record_scrape("a", ReplicaMetrics(running=0, waiting=0, kv_usage=0.1))
+        self.started: list[str] = []
+        self.tickets: list[tuple[str, Prediction]] = []
+
+    async def request(
+        self,
+        label: str,
+        tenant: str = "t",
+        band: Band = Band.STANDARD,
+        prompt: int = PROMPT,
+        slo: LatencySlo | None = None,
+    ) -> str:
+        path = await self.adm.enter(POOL, tenant, 1.0, band, prompt + 64, prompt, slo or LatencySlo())
+        state = self.fleet.snapshot().by_name("a")
+        assert state is not None
+        ticket = self.est.predict(state, prompt, self.clock(), 1.0)
+        self.est.dispatched(ticket)
+        self.fleet.dispatched("a", prompt + 64)
+        self.started.append(label)
+        self.tickets.append((tenant, ticket))
+        return path
+
+    def first_token(self) -> None:
+        """The oldest request still prefilling got its first token."""
+        _, ticket = self.tickets.pop(0)
+        self.est.prefilled(ticket)
+        self.adm.on_prefilled(POOL)
+
+
+async def settle_loop() -> None:
+    for _ in range(5):
+        await asyncio.sleep(0)
+
+
+async def test_the_gate_holds_the_next_request_past_the_knee_and_a_first_token_releases_it() -> None:
+    h = Harness()  # knee_factor 1.25 (the default), 8 slots: the counts alone would take 8
+    assert await h.request("r1") == "direct"
+    waiting = asyncio.ensure_future(h.request("r2"))
+    await settle_loop()
+    assert h.started == ["r1"] and h.adm.depth == 1
+    h.first_token()  # r1's prefill is done: nothing ahead of r2 but the step under way
+    await settle_loop()
+    assert h.started == ["r1", "r2"] and waiting.result() == "queued"
+
+
+async def test_off_it_is_todays_count_based_admission() -> None:
+    h = Harness(predicted_admission=False)
+    for i in range(8):
+        assert await h.request(f"r{i}") == "direct"
+    assert h.adm.depth == 0
+
+
+async def test_a_larger_knee_factor_lets_more_through() -> None:
+    h = Harness(knee_factor=4.0)
+    for i in range(3):
+        assert await h.request(f"r{i}") == "direct"
+    waiting = asyncio.ensure_future(h.request("r3"))
+    await settle_loop()
+    assert h.started == ["r0", "r1", "r2"]
+    waiting.cancel()
+
+
+async def test_a_band_slo_tightens_the_knee_and_a_request_slo_tightens_further() -> None:
+    # knee 10 would let ~9 through; the band's 60 ms lets 2 (25.5 ms unloaded, +25 ms each).
+    h = Harness(knee_factor=10.0, bands={"standard": {"max_wait_s": 10.0, "ttft_slo_s": 0.06}})
+    assert await h.request("r0") == "direct"
+    assert await h.request("r1") == "direct"
+    held = asyncio.ensure_future(h.request("r2"))
+    await settle_loop()
+    assert h.started == ["r0", "r1"]
+    held.cancel()
+    await settle_loop()
+    # The same pool, the request's own 30 ms: nothing may be ahead of it any more.
+    h2 = Harness(knee_factor=10.0, bands={"standard": {"max_wait_s": 10.0, "ttft_slo_s": 0.06}})
+    assert await h2.request("r0", slo=LatencySlo(ttft_s=0.03)) == "direct"
+    tight = asyncio.ensure_future(h2.request("r1", slo=LatencySlo(ttft_s=0.03)))
+    await settle_loop()
+    assert h2.started == ["r0"]
+    tight.cancel()
+    await settle_loop()
+    # A request SLO looser than the band's changes nothing: the band's 60 ms lets 2 in.
+    h3 = Harness(knee_factor=10.0, bands={"standard": {"max_wait_s": 10.0, "ttft_slo_s": 0.06}})
+    loose = LatencySlo(ttft_s=5.0)
+    assert await h3.request("r0", slo=loose) == "direct"
+    assert await h3.request("r1", slo=loose) == "direct"
+    held3 = asyncio.ensure_future(h3.request("r2", slo=loose))
+    await settle_loop()
+    assert h3.started == ["r0", "r1"]
+    held3.cancel()
+
+
+async def test_a_sheddable_request_is_refused_at_once_with_retry_after_from_the_predicted_drain() -> None:
+    h = Harness()
+    await h.request("big", prompt=100_000)  # 2.5 s of prefill ahead of anything that follows
+    with pytest.raises(GatewayError) as err:
+        await h.request("shed", band=Band.SHEDDABLE)
+    assert err.value.status == 503
+    # predicted ~2.53 s + the step under way, bound 1.25 x 25.5 ms: about 2.5 s to drain -> 3
+    assert dict(err.value.headers)[b"retry-after"] == b"3"
+    assert h.started == ["big"]
+
+
+async def test_a_light_tenant_below_its_share_is_never_held_or_shed_for_a_heavy_one() -> None:
+    h = Harness()
+    await h.request("A0", tenant="A")
+    held = [asyncio.ensure_future(h.request(f"A{i}", tenant="A")) for i in (1, 2)]
+    await settle_loop()
+    assert h.started == ["A0"] and h.adm.depth == 2  # the gate holds A's flood
+    # B arrives while A waits: it is released at once, ahead of A's queue, though the gate is shut.
+    b = asyncio.ensure_future(h.request("B0", tenant="B"))
+    await settle_loop()
+    assert h.started == ["A0", "B0"] and b.result() == "queued"
+    # A sheddable request of a light tenant is not shed either: it starts at once.
+    assert await h.request("C0", tenant="C", band=Band.SHEDDABLE) == "direct"
+    # ... but a sheddable request of the heavy tenant is.
+    with pytest.raises(GatewayError):
+        await h.request("A-shed", tenant="A", band=Band.SHEDDABLE)
+    for t in held:
+        t.cancel()
+
+
+async def test_the_saturation_thresholds_stay_hard_caps() -> None:
+    # The gate would take 3 small requests; the in-flight cap of 2 still holds the third.
+    h = Harness(knee_factor=50.0, saturation={"max_in_flight_per_replica": 2, "max_waiting_per_replica": 8})
+    assert await h.request("r0", prompt=100) == "direct"
+    assert await h.request("r1", prompt=100) == "direct"
+    third = asyncio.ensure_future(h.request("r2", prompt=100))
+    await settle_loop()
+    assert h.started == ["r0", "r1"]
+    third.cancel()
