@@ -79,25 +79,6 @@ _SPECS: dict[str, dict[str, Any]] = {
         # scorers (an active adapter over a free slot: 0.5), so only near-ties are drawn.
         "picker": {"type": "near-best", "params": {"margin": 0.25, "hash_blocks": 4}},
     },
-    # `default` plus placement that respects KV capacity (issue #11, docs/benchmarks.md "Placement that
-    # respects KV capacity"): a new prefix group goes to a replica whose KV fits it next to the groups
-    # it already holds, and a group leaves a home that cannot hold it. Weight 5: a fit outweighs the
-    # whole queue-depth range (2), and a move outweighs a held prefix (3 x its matched share).
-    "kv-fit": {
-        "filters": [
-            *_BASE_FILTERS,
-            {"type": "fresh"},
-            {"type": "load-guard", "params": {"abs_slack": 16.0, "rel_slack": 1.0}},
-        ],
-        "scorers": [
-            {"type": "prefix-affinity", "weight": 3.0},
-            {"type": "queue-depth", "weight": 2.0},
-            {"type": "lora-locality", "weight": 1.0},
-            {"type": "session-affinity", "weight": 1.0},
-            {"type": "kv-fit", "weight": 5.0},
-        ],
-        "picker": {"type": "near-best", "params": {"margin": 0.25, "hash_blocks": 4}},
-    },
     "predicted-latency": {
         # No load-guard and no queue-depth: the model prices the queue in seconds. `fresh` stays soft
         # as in `default` (a stale replica's queue is only known from kvgate's own ledger).
@@ -140,6 +121,12 @@ _SPECS: dict[str, dict[str, Any]] = {
 }
 
 _SPECS["weighted"] = copy.deepcopy(_SPECS["default"])  # today's default, by a name that stays
+# `default` plus placement that respects KV capacity (issue #11, docs/benchmarks.md "Placement that
+# respects KV capacity"): a new prefix group goes to a replica whose KV fits it next to the groups it
+# already holds, and a group leaves a home that cannot hold it. Weight 5: a fit outweighs the whole
+# queue-depth range (2), and a move outweighs a held prefix (3 x its matched share).
+_SPECS["kv-fit"] = copy.deepcopy(_SPECS["default"])
+_SPECS["kv-fit"]["scorers"].append({"type": "kv-fit", "weight": 5.0})
 
 BUILTIN_PROFILE_NAMES: tuple[str, ...] = tuple(_SPECS)
 
