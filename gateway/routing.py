@@ -283,8 +283,9 @@ class Router:
         replica's, the group moves, and from then on two replicas hold partial copies and trade it
         back and forth (docs/benchmarks.md, "Exact vs approximate index under KV pressure (live, one
         gateway)": it lost hits against the approximate index). Keeping the memory, a home that evicted
-        part of a prefix keeps its group (the request re-prefills the tail there); the exact index
-        still shows prefixes this gateway never sent (other gateways' dispatches)."""
+        part of a prefix keeps its group (the request re-prefills the tail there); one whose events
+        show none of the prompt (evicted whole, or reset) is matched at 0 whatever the memory says;
+        the exact index still shows prefixes this gateway never sent (other gateways' dispatches)."""
         assert self.exact is not None
         sizes = self.exact.exact_block_sizes(names, now)
         if not sizes:
@@ -297,8 +298,13 @@ class Router:
         per_index_block = 1.0 / self.index_block_tokens
         for size, group in groups.items():
             keys = lazy_request_keys(info.token_bytes, size, info.base_model, info.adapter, info.cache_salt)
-            for name, blocks in self.exact.index.match(keys, tuple(group)).items():
-                match[name] = max(match.get(name, 0.0), min(most, blocks * size * per_index_block))
+            held = self.exact.index.match(keys, tuple(group))
+            for name in group:
+                blocks = held.get(name, 0)
+                # The memory only keeps a home whose events still show the prefix's head (its tail
+                # evicted, as engines evict): one the events say holds none of it is matched at 0.
+                exact = min(most, blocks * size * per_index_block)
+                match[name] = max(match.get(name, 0.0), exact) if blocks else 0.0
         return match
 
     def dispatched(self, info: RequestInfo, replica: str) -> None:
