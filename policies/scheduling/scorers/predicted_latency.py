@@ -48,7 +48,7 @@ class PredictedLatencyScorer:
             return [1.0] * len(candidates)
         costs = predicted_ttfts(ctx, candidates, self.work_weight)
         best = min(costs)
-        scores = [best / t if t > 0 else 1.0 for t in costs]
+        scores = [best / t if t > 0.0 else 1.0 for t in costs]
         bound = self.tpot_slo_s
         if bound > 0:
             now, stale = ctx.now, ctx.stale_after_s
