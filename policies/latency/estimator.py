@@ -184,10 +184,11 @@ class LatencyEstimator:
 
     def step_seen(self, replica: str, at: float) -> None:
         """A chunk of one of kvgate's streams on `replica` came at `at` (the caller's clock, as `now`):
-        a step of that replica ended then, which dates the next one."""
+        a step of that replica ended then, which dates the next one (chunks of one step, one per
+        stream, count once: `ReplicaLatencyModel.step_seen`)."""
         model = self._models.get(replica)
         if model is not None:
-            model.last_step_at = at
+            model.step_seen(at)
 
     def observe_tpot(self, p: Prediction, tpot_s: float) -> bool:
         """Ticket `p`'s request's mean time between output tokens was `tpot_s`. True when calibrated."""

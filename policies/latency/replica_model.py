@@ -20,9 +20,10 @@ and a prefill that ends in a step has its first token at the step's end.
   scrape also shows requests waiting that other gateways sent, counted at the replica's mean
   uncached prompt. The larger of the two is taken (the scrape's waiting includes kvgate's own), and
   a stale scrape is not used at all: the ledger stays right between scrapes.
-- A fresh scrape that shows requests waiting says the replica is holding requests back (no KV
-  blocks free for the next one, or the step's budget spent): what kvgate sent before the step under
-  way may be among them, so nothing is taken as under way there.
+- A replica can hold requests back (no KV blocks free for the next one, or the step's budget spent):
+  then what kvgate sent before the step under way may be waiting instead, so nothing is taken as
+  under way. Two signs of it: a fresh scrape shows requests waiting, or the oldest request of the
+  ledger was sent before the previous step began, fits one step and still has no first token.
 
 TPOT = c + d x (KV tokens the running batch reads per step) / 100,000, the batch's context taken from
 kvgate's in-flight tokens (prompt + output cap of what it sent), scaled up when a fresh scrape shows
@@ -43,6 +44,9 @@ from policies.types import ReplicaState
 TTFT_X_TOKENS = 1000.0  # the TTFT fit's x unit: uncached prefill tokens
 TPOT_X_TOKENS = 100_000.0  # the TPOT fit's x unit: KV tokens read per decode step
 _MEAN_WEIGHT = 0.1  # EWMA weight of one dispatch in the mean uncached prompt
+# Chunks closer together than this share of an unloaded decode step are one step's (its tokens reach
+# kvgate together, one chunk per stream).
+_SAME_STEP = 0.3
 
 
 class ReplicaLatencyModel:
@@ -50,7 +54,7 @@ class ReplicaLatencyModel:
 
     __slots__ = (
         "_in_step", "_ledger", "_split_key", "_version", "last_step_at", "mean_uncached",
-        "pending_requests", "pending_tokens", "prior", "tpot", "ttft",
+        "pending_requests", "pending_tokens", "prev_step_at", "prior", "tpot", "ttft",
     )  # fmt: skip
 
     def __init__(self, prior: LatencyPrior) -> None:
@@ -61,6 +65,7 @@ class ReplicaLatencyModel:
         self.pending_requests = 0
         self.mean_uncached = 0.0  # of kvgate's dispatches here: prices a scraped waiting request
         self.last_step_at: float | None = None  # when a chunk of one of kvgate's streams here came
+        self.prev_step_at: float | None = None  # the step before's (when the step before began)
         # The ledger's requests in dispatch order: (dispatched at, None where not told; uncached).
         self._ledger: deque[tuple[float | None, int]] = deque()
         self._version = 0  # bumped by every ledger change: `in_step_tokens` is cached against it
@@ -71,9 +76,10 @@ class ReplicaLatencyModel:
 
     def in_step_tokens(self, state: ReplicaState, fresh: bool) -> float:
         """Of the ledger's tokens, those the step under way is computing: dispatched before it began
-        (the last chunk seen), in dispatch order, up to the prior's `step_tokens`; none when a fresh
-        scrape shows the replica holding requests back. O(1) while neither the ledger nor the last
-        chunk changed."""
+        (the last chunk seen), in dispatch order, up to the prior's `step_tokens`; none when the
+        replica is holding requests back (a fresh scrape shows some waiting, or the oldest of the
+        ledger was sent before the previous step began and is still there). O(1) while neither the
+        ledger nor the last chunk changed."""
         if fresh and state.waiting:
             return 0.0
         last = self.last_step_at
@@ -81,8 +87,8 @@ class ReplicaLatencyModel:
         if key == self._split_key:
             return self._in_step
         total = 0
-        if last is not None:
-            budget = self.prior.step_tokens
+        budget = self.prior.step_tokens
+        if last is not None and not self._head_held_back(budget):
             for at, tokens in self._ledger:
                 if at is None or at >= last:
                     break
@@ -93,6 +99,24 @@ class ReplicaLatencyModel:
         self._split_key = key
         self._in_step = float(total)
         return self._in_step
+
+    def _head_held_back(self, budget: int) -> bool:
+        """The oldest request of the ledger was sent before the previous step began and fits one
+        step, yet that step ended without its first token: the replica is holding requests back."""
+        prev = self.prev_step_at
+        if not self._ledger or prev is None:
+            return False
+        at, tokens = self._ledger[0]
+        return at is not None and at < prev and tokens <= budget
+
+    def step_seen(self, at: float) -> None:
+        """A chunk of one of kvgate's streams here came at `at`: a step ended then, unless another
+        chunk of the same step came just before (a step's chunks, one per stream, come together)."""
+        last = self.last_step_at
+        if last is not None and 0.0 <= at - last < _SAME_STEP * self.tpot.a:
+            return
+        self.prev_step_at = last
+        self.last_step_at = at
 
     def tokens_ahead(self, state: ReplicaState, fresh: bool) -> float:
         own = self.pending_tokens - self.in_step_tokens(state, fresh)

@@ -140,3 +140,35 @@ def test_the_step_budget_is_part_of_the_prior() -> None:
         LatencyPrior(step_tokens=0)
     assert PRIOR.scaled(2.0).step_tokens == PRIOR.step_tokens  # slower, not a smaller budget
     assert TTFT_X_TOKENS == 1000.0 and TPOT_X_TOKENS == 100_000.0  # the units prefill/decode_step use
+
+
+def test_a_request_still_waiting_after_a_whole_step_means_the_replica_holds_requests_back() -> None:
+    est = LatencyEstimator(16, default_prior=PRIOR)
+    send(est, 4000, NOW - 0.2)
+    est.step_seen("r", NOW - 0.15)  # a step began after the dispatch: it should have computed it
+    assert est.predict(state(), 300, NOW, 1.0).ahead_tokens == 0  # (so far: under way)
+    est.step_seen("r", NOW - 0.01)  # that step ended and another began: still no first token
+    held = est.predict(state(), 300, NOW, 1.0)
+    assert held.ahead_tokens == 4000  # waiting for KV blocks: ahead, not under way
+    assert held.wait_s == pytest.approx(decode_step() - 0.01)
+
+
+def test_a_prompt_longer_than_a_step_is_not_taken_as_held_back() -> None:
+    est = LatencyEstimator(16, default_prior=PRIOR)
+    send(est, 9000, NOW - 0.3)  # 9,000 > 5,000 a step: chunked over two steps, the second under way
+    est.step_seen("r", NOW - 0.25)
+    est.step_seen("r", NOW - 0.04)
+    # Not held back: one budget of it is taken as under way (how far a chunked prompt got in the
+    # steps before is not tracked, so the rest counts as ahead).
+    assert est.predict(state(), 300, NOW, 1.0).ahead_tokens == 9000 - PRIOR.step_tokens
+
+
+def test_chunks_of_one_step_date_it_once() -> None:
+    est = LatencyEstimator(16, default_prior=PRIOR)
+    send(est, 4000, NOW - 0.2)
+    est.step_seen("r", NOW - 0.04)
+    for lag in (0.0005, 0.001):  # other streams' chunks of the same step, relayed just after
+        est.step_seen("r", NOW - 0.04 + lag)
+    p = est.predict(state(), 300, NOW, 1.0)
+    assert p.ahead_tokens == 0  # the previous step is not those chunks: the 4,000 is under way
+    assert p.wait_s == pytest.approx(prefill(4000) - 0.04)  # dated by the step's first chunk
