@@ -207,13 +207,21 @@ class ReplicaLatencyModel:
             self.mean_uncached = float(uncached)
 
     def prefilled(self, uncached: int, at: float | None = None) -> None:
-        """A request counted by `dispatched(uncached, at)` got its first token (or ended without one)."""
-        self.pending_tokens = max(self.pending_tokens - uncached, 0)
+        """A request counted by `dispatched(uncached, at)` got its first token (or ended without one).
+        A caller that does not give `at` lets go of the oldest request of that size."""
         self.pending_requests = max(self.pending_requests - 1, 0)
+        left = self.pending_tokens - uncached
+        self.pending_tokens = left if left > 0 and self.pending_requests else 0
+        ledger = self._ledger
         try:
-            self._ledger.remove((at, uncached))
-        except ValueError:  # not in this ledger
-            return
+            ledger.remove((at, uncached))
+        except ValueError:
+            for entry in ledger:
+                if entry[1] == uncached:
+                    ledger.remove(entry)
+                    break
+        while len(ledger) > self.pending_requests:  # never more entries than requests pending
+            ledger.popleft()
         self._version += 1
 
     def observe_ttft(self, ahead: float, uncached: float, wait: float, ttft_s: float) -> bool:

@@ -98,9 +98,9 @@ def test_the_ledger_lets_go_of_the_request_that_got_its_first_token() -> None:
     est.prefilled(a)  # a's first token came: the 1,000 sent after it is what the step computes
     assert est.predict(state(), 0, NOW, 1.0).wait_s == pytest.approx(prefill(1000) - 0.04)
     assert est.models()["r"].pending_tokens == 1000
-    est.prefilled(a)  # a second time (a caller's mistake): nothing else leaves
-    assert est.models()["r"].pending_tokens == 0  # the count floors at 0, as before
-    assert est.models()["r"].in_step_tokens(state(), True) == 1000
+    est.prefilled(a)  # a second time (a caller's mistake): the counts say nothing is pending now,
+    assert est.models()["r"].pending_tokens == 0  # and the ledger follows them
+    assert est.models()["r"].in_step_tokens(state(), True) == 0
 
 
 def test_a_dispatch_not_dated_is_never_under_way() -> None:
@@ -172,3 +172,16 @@ def test_chunks_of_one_step_date_it_once() -> None:
     p = est.predict(state(), 300, NOW, 1.0)
     assert p.ahead_tokens == 0  # the previous step is not those chunks: the 4,000 is under way
     assert p.wait_s == pytest.approx(prefill(4000) - 0.04)  # dated by the step's first chunk
+
+
+def test_letting_go_without_the_dispatch_time_keeps_the_ledger_consistent() -> None:
+    model = ReplicaLatencyModel(PRIOR)
+    model.dispatched(4000, NOW - 0.05)
+    model.dispatched(1000, NOW - 0.045)
+    model.last_step_at = NOW - 0.04
+    assert model.in_step_tokens(state(), True) == 5000
+    model.prefilled(4000)  # a caller that kept only the size: the oldest request of that size goes
+    assert model.in_step_tokens(state(), True) == 1000
+    model.prefilled(777)  # a size never sent: the counts still drop, and the ledger follows them
+    assert model.pending_requests == 0 and model.in_step_tokens(state(), True) == 0
+    assert model.tokens_ahead(state(), True) == 0
