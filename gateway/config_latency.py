@@ -25,6 +25,7 @@ class LatencyPriorConfig(BaseModel):
     ttft_fixed_s: float | None = Field(None, gt=0, allow_inf_nan=False)
     decode_step_s: float | None = Field(None, gt=0, allow_inf_nan=False)
     decode_s_per_kv_token: float | None = Field(None, gt=0, allow_inf_nan=False)
+    step_tokens: int | None = Field(None, ge=1)  # the engine's --max-num-batched-tokens (8192)
 
     @field_validator("profile")
     @classmethod
@@ -42,6 +43,7 @@ class LatencyPriorConfig(BaseModel):
             self.ttft_fixed_s or base.ttft_fixed_s,
             self.decode_step_s or base.decode_step_s,
             self.decode_s_per_kv_token or base.decode_s_per_kv_token,
+            self.step_tokens or base.step_tokens,
         )
 
 

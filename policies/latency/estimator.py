@@ -36,6 +36,7 @@ class Prediction:
     ttft_s: float
     tpot_s: float
     fresh: bool  # the replica's scrape was fresh at dispatch: observations may calibrate
+    at: float | None = None  # when predicted (the caller's `now`): dates the dispatch in the ledger
 
 
 class LatencyEstimator:
@@ -94,7 +95,8 @@ class LatencyEstimator:
         model = self._models.get(state.name) or self.model(state.name, state.pool)
         fresh = state.scraped_at is not None and now - state.scraped_at <= stale_after_s
         batch = model.batch_kv_tokens(state, fresh)
-        return model.ttft_s(model.tokens_ahead(state, fresh), uncached, batch, model.wait_s(batch, now))
+        wait = model.wait_s(batch, now, model.in_step_tokens(state, fresh))
+        return model.ttft_s(model.tokens_ahead(state, fresh), uncached, batch, wait)
 
     def unloaded_ttft_s(self, state: ReplicaState, uncached: int) -> float:
         """Predicted TTFT of a request with `uncached` tokens to prefill on `state`'s replica with
@@ -146,7 +148,7 @@ class LatencyEstimator:
         fresh = state.scraped_at is not None and now - state.scraped_at <= stale_after_s
         ahead = model.tokens_ahead(state, fresh)
         batch = model.batch_kv_tokens(state, fresh)
-        wait = model.wait_s(batch, now)
+        wait = model.wait_s(batch, now, model.in_step_tokens(state, fresh))
         return Prediction(
             replica=state.name,
             pool=state.pool,
@@ -157,18 +159,19 @@ class LatencyEstimator:
             ttft_s=model.ttft_s(ahead, uncached, batch, wait),
             tpot_s=model.tpot_s(batch),
             fresh=fresh,
+            at=now,
         )
 
     def dispatched(self, p: Prediction) -> None:
         """The request of ticket `p` was sent: its uncached tokens are ahead of later ones there."""
-        self.model(p.replica, p.pool).dispatched(p.uncached_tokens)
+        self.model(p.replica, p.pool).dispatched(p.uncached_tokens, p.at)
 
     def prefilled(self, p: Prediction) -> None:
         """Ticket `p`'s request got its first token, or ended without one: no longer ahead of others.
         Call exactly once per `dispatched`."""
         model = self._models.get(p.replica)
         if model is not None:
-            model.prefilled(p.uncached_tokens)
+            model.prefilled(p.uncached_tokens, p.at)
 
     def observe_ttft(self, p: Prediction, ttft_s: float) -> float | None:
         """Ticket `p`'s request's first token came `ttft_s` after dispatch. Calibrates when `p`'s inputs
@@ -182,10 +185,11 @@ class LatencyEstimator:
 
     def step_seen(self, replica: str, at: float) -> None:
         """A chunk of one of kvgate's streams on `replica` came at `at` (the caller's clock, as `now`):
-        a step of that replica ended then, which dates the next one."""
+        a step of that replica ended then, which dates the next one (chunks of one step, one per
+        stream, count once: `ReplicaLatencyModel.step_seen`)."""
         model = self._models.get(replica)
         if model is not None:
-            model.last_step_at = at
+            model.step_seen(at)
 
     def observe_tpot(self, p: Prediction, tpot_s: float) -> bool:
         """Ticket `p`'s request's mean time between output tokens was `tpot_s`. True when calibrated."""

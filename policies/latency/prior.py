@@ -8,7 +8,9 @@ latency model that becomes:
   ahead of it), never below one decode step: prefill is compute-bound, one token costs
   2 x params / (FLOP/s x efficiency);
 - TPOT ~ `decode_step_s` + `decode_s_per_kv_token` x KV tokens the batch reads per step: decode is
-  memory-bound, a step reads the weights and every running sequence's KV.
+  memory-bound, a step reads the weights and every running sequence's KV;
+- a step computes at most `step_tokens` tokens (vLLM's `--max-num-batched-tokens`, 8,192 by default;
+  the simulator's too): the prefill a step under way can be doing is at most that.
 
 The defaults are Llama-3-8B on one H100 SXM (the simulator's `llama-3-8b-h100` profile: 989 TFLOP/s at
 65%, 3.35 TB/s at 72%, 16.1 GB of weights, 128 KiB of KV per token, 0.5 ms step overhead). Seconds;
@@ -29,12 +31,15 @@ class LatencyPrior:
     ttft_fixed_s: float = 0.0005
     decode_step_s: float = 0.0072
     decode_s_per_kv_token: float = 5.4e-8
+    step_tokens: int = 8192
 
     def __post_init__(self) -> None:
         for name in ("prefill_s_per_token", "ttft_fixed_s", "decode_step_s", "decode_s_per_kv_token"):
             value = getattr(self, name)
             if not (math.isfinite(value) and value > 0):
                 raise ValueError(f"{name} must be finite and > 0, got {value}")
+        if self.step_tokens < 1:
+            raise ValueError(f"step_tokens must be >= 1, got {self.step_tokens}")
 
     @classmethod
     def from_roofline(
@@ -62,4 +67,5 @@ class LatencyPrior:
             self.ttft_fixed_s * factor,
             self.decode_step_s * factor,
             self.decode_s_per_kv_token * factor,
+            self.step_tokens,
         )

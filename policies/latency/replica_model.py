@@ -2,17 +2,28 @@
 tokens, from the work kvgate believes is ahead of it.
 
 TTFT = wait + a + b x (tokens ahead + own uncached tokens) / 1000, never below one predicted decode
-step. `wait` is what is left of the step under way on a busy replica: kvgate relays every token of its
-streams, so it knows when the replica's last step ended (`step_seen`) and the next ends one predicted
-step later; without a recent chunk to date it, half a step (the mean wait of an arrival mid-step).
+step. The engine runs steps back to back; a step computes the prefill it has room for (at most the
+prior's `step_tokens`, vLLM's `--max-num-batched-tokens`) with one token of every decoding request,
+and a prefill that ends in a step has its first token at the step's end.
 
+- `wait` is what is left of the step under way on a busy replica. kvgate relays every token of its
+  streams, so it knows when the replica's last step ended (`step_seen`): the step under way began
+  then, and it is computing the prefill of the ledger's requests dispatched before it began (in
+  dispatch order, up to `step_tokens`: `in_step_tokens`), so it lasts the longer of a decode step
+  and their prefill. Without a recent chunk to date it (or once it is overdue), half a decode step
+  (the mean wait of an arrival mid-step).
 - own uncached tokens: the prompt minus the prefix the index believes the replica holds (the caller
   works it out: `LatencyEstimator.uncached_tokens`);
-- tokens ahead: uncached prefill still to run there. kvgate's own ledger is exact for what it sent
-  (requests dispatched whose first token has not come back, with their uncached tokens as predicted
-  at dispatch); a fresh scrape also shows requests waiting that other gateways sent, counted at the
-  replica's mean uncached prompt. The larger of the two is taken (the scrape's waiting includes
-  kvgate's own), and a stale scrape is not used at all: the ledger stays right between scrapes.
+- tokens ahead: uncached prefill still to run there after the step under way. kvgate's own ledger is
+  exact for what it sent (requests dispatched whose first token has not come back, with their
+  uncached tokens as predicted at dispatch), less what the step under way is computing; a fresh
+  scrape also shows requests waiting that other gateways sent, counted at the replica's mean
+  uncached prompt. The larger of the two is taken (the scrape's waiting includes kvgate's own), and
+  a stale scrape is not used at all: the ledger stays right between scrapes.
+- A replica can hold requests back (no KV blocks free for the next one, or the step's budget spent):
+  then what kvgate sent before the step under way may be waiting instead, so nothing is taken as
+  under way. Two signs of it: a fresh scrape shows requests waiting, or the oldest request of the
+  ledger was sent before the previous step began, fits one step and still has no first token.
 
 TPOT = c + d x (KV tokens the running batch reads per step) / 100,000, the batch's context taken from
 kvgate's in-flight tokens (prompt + output cap of what it sent), scaled up when a fresh scrape shows
@@ -24,6 +35,8 @@ inputs that were predicted at dispatch.
 
 from __future__ import annotations
 
+from collections import deque
+
 from policies.latency.prior import LatencyPrior
 from policies.latency.rls import LinearFit
 from policies.types import ReplicaState
@@ -31,13 +44,17 @@ from policies.types import ReplicaState
 TTFT_X_TOKENS = 1000.0  # the TTFT fit's x unit: uncached prefill tokens
 TPOT_X_TOKENS = 100_000.0  # the TPOT fit's x unit: KV tokens read per decode step
 _MEAN_WEIGHT = 0.1  # EWMA weight of one dispatch in the mean uncached prompt
+# Chunks closer together than this share of an unloaded decode step are one step's (its tokens reach
+# kvgate together, one chunk per stream).
+_SAME_STEP = 0.3
 
 
 class ReplicaLatencyModel:
     """Mutable per-replica state: two fits, the pending-prefill ledger and a mean uncached prompt."""
 
     __slots__ = (
-        "last_step_at", "mean_uncached", "pending_requests", "pending_tokens", "prior", "tpot", "ttft"
+        "_in_step", "_ledger", "_split_key", "_version", "last_step_at", "mean_uncached",
+        "pending_requests", "pending_tokens", "prev_step_at", "prior", "tpot", "ttft",
     )  # fmt: skip
 
     def __init__(self, prior: LatencyPrior) -> None:
@@ -48,11 +65,61 @@ class ReplicaLatencyModel:
         self.pending_requests = 0
         self.mean_uncached = 0.0  # of kvgate's dispatches here: prices a scraped waiting request
         self.last_step_at: float | None = None  # when a chunk of one of kvgate's streams here came
+        self.prev_step_at: float | None = None  # the step before's (when the step before began)
+        # The ledger's requests in dispatch order: (dispatched at, None where not told; uncached).
+        self._ledger: deque[tuple[float | None, int]] = deque()
+        self._version = 0  # bumped by every ledger change: `in_step_tokens` is cached against it
+        self._split_key: tuple[float | None, int] = (None, -1)
+        self._in_step = 0.0
 
     # -- inputs ---------------------------------------------------------------------------------
 
+    def in_step_tokens(self, state: ReplicaState, fresh: bool) -> float:
+        """Of the ledger's tokens, those the step under way is computing: dispatched before it began
+        (the last chunk seen), in dispatch order, up to the prior's `step_tokens`; none when the
+        replica is holding requests back (a fresh scrape shows some waiting, or the oldest of the
+        ledger was sent before the previous step began and is still there). O(1) while neither the
+        ledger nor the last chunk changed."""
+        if fresh and state.waiting:
+            return 0.0
+        last = self.last_step_at
+        key = (last, self._version)
+        if key == self._split_key:
+            return self._in_step
+        total = 0
+        budget = self.prior.step_tokens
+        if last is not None and not self._head_held_back(budget):
+            for at, tokens in self._ledger:
+                if at is None or at >= last:
+                    break
+                total += tokens
+                if total >= budget:
+                    total = budget
+                    break
+        self._split_key = key
+        self._in_step = float(total)
+        return self._in_step
+
+    def _head_held_back(self, budget: int) -> bool:
+        """The oldest request of the ledger was sent before the previous step began and fits one
+        step, yet that step ended without its first token: the replica is holding requests back."""
+        prev = self.prev_step_at
+        if not self._ledger or prev is None:
+            return False
+        at, tokens = self._ledger[0]
+        return at is not None and at < prev and tokens <= budget
+
+    def step_seen(self, at: float) -> None:
+        """A chunk of one of kvgate's streams here came at `at`: a step ended then, unless another
+        chunk of the same step came just before (a step's chunks, one per stream, come together)."""
+        last = self.last_step_at
+        if last is not None and 0.0 <= at - last < _SAME_STEP * self.tpot.a:
+            return
+        self.prev_step_at = last
+        self.last_step_at = at
+
     def tokens_ahead(self, state: ReplicaState, fresh: bool) -> float:
-        own = float(self.pending_tokens)
+        own = self.pending_tokens - self.in_step_tokens(state, fresh)
         if fresh and state.waiting:
             scraped = state.waiting * self.mean_uncached
             return scraped if scraped > own else own
@@ -67,14 +134,18 @@ class ReplicaLatencyModel:
 
     # -- predictions ----------------------------------------------------------------------------
 
-    def wait_s(self, batch_kv: float, now: float) -> float:
-        """What is left of the step under way (0 when idle)."""
+    def wait_s(self, batch_kv: float, now: float, in_step: float = 0.0) -> float:
+        """What is left of the step under way (0 when idle), which computes `in_step` prefill tokens
+        (`in_step_tokens`)."""
         if batch_kv <= 0:
             return 0.0
         step = self.tpot.predict(batch_kv / TPOT_X_TOKENS)
+        length = self.ttft.predict(in_step / TTFT_X_TOKENS) if in_step else step
+        if length < step:
+            length = step
         last = self.last_step_at
-        if last is not None and 0.0 <= now - last < step:
-            return step - (now - last)
+        if last is not None and 0.0 <= now - last < length:
+            return length - (now - last)
         return 0.5 * step
 
     def ttft_s(self, ahead: float, uncached: float, batch_kv: float, wait: float) -> float:
@@ -93,7 +164,8 @@ class ReplicaLatencyModel:
             per_request = batch / state.in_flight if state.in_flight else self.mean_uncached
             batch += (state.running - state.in_flight) * per_request
         # tokens_ahead
-        ahead = float(self.pending_tokens)
+        in_step = self.in_step_tokens(state, fresh)
+        ahead = self.pending_tokens - in_step
         if fresh and state.waiting:
             scraped = state.waiting * self.mean_uncached
             if scraped > ahead:
@@ -102,9 +174,12 @@ class ReplicaLatencyModel:
         step = tpot.a + tpot.b * batch / TPOT_X_TOKENS
         cost = ttft.a + ttft.b * (ahead + uncached) / TTFT_X_TOKENS
         if batch > 0:  # wait_s
+            length = ttft.a + ttft.b * in_step / TTFT_X_TOKENS if in_step else step
+            if length < step:
+                length = step
             last = self.last_step_at
-            since = now - last if last is not None else step
-            cost += step - since if 0.0 <= since < step else 0.5 * step
+            since = now - last if last is not None else -1.0
+            cost += length - since if 0.0 <= since < length else 0.5 * step
         if cost < step:
             cost = step
         if work_weight:
@@ -119,18 +194,35 @@ class ReplicaLatencyModel:
 
     # -- the ledger and calibration ---------------------------------------------------------------
 
-    def dispatched(self, uncached: int) -> None:
+    def dispatched(self, uncached: int, at: float | None = None) -> None:
+        """A request with `uncached` tokens to prefill was sent at `at` (the caller's clock; None:
+        not told, and then it is never taken as under way)."""
         self.pending_tokens += uncached
         self.pending_requests += 1
+        self._ledger.append((at, uncached))
+        self._version += 1
         if self.mean_uncached:
             self.mean_uncached += _MEAN_WEIGHT * (uncached - self.mean_uncached)
         else:  # the first dispatch here (or only cached ones so far): no 0 to average away
             self.mean_uncached = float(uncached)
 
-    def prefilled(self, uncached: int) -> None:
-        """A request counted by `dispatched(uncached)` got its first token (or ended without one)."""
-        self.pending_tokens = max(self.pending_tokens - uncached, 0)
+    def prefilled(self, uncached: int, at: float | None = None) -> None:
+        """A request counted by `dispatched(uncached, at)` got its first token (or ended without one).
+        A caller that does not give `at` lets go of the oldest request of that size."""
         self.pending_requests = max(self.pending_requests - 1, 0)
+        left = self.pending_tokens - uncached
+        self.pending_tokens = left if left > 0 and self.pending_requests else 0
+        ledger = self._ledger
+        try:
+            ledger.remove((at, uncached))
+        except ValueError:
+            for entry in ledger:
+                if entry[1] == uncached:
+                    ledger.remove(entry)
+                    break
+        while len(ledger) > self.pending_requests:  # never more entries than requests pending
+            ledger.popleft()
+        self._version += 1
 
     def observe_ttft(self, ahead: float, uncached: float, wait: float, ttft_s: float) -> bool:
         # The prefill's own part: without the predicted wait for the step under way.

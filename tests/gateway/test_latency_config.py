@@ -41,6 +41,18 @@ def test_pool_priors_numbers_override_the_profile() -> None:
     assert default == LatencyPrior()
 
 
+def test_the_step_token_budget_is_configurable_per_pool() -> None:
+    cfg = parse_config({
+        "replicas": [REPLICA],
+        "models": [{"name": "m", "latency_prior": {"profile": "tiny", "step_tokens": 2048}},
+                   {"name": "other", "latency_prior": {"prefill_s_per_token": 1e-4}}],
+    })  # fmt: skip
+    priors, _ = latency_priors(cfg)
+    assert priors["m"].step_tokens == 2048
+    assert priors["m"].prefill_s_per_token == profile_prior("tiny").prefill_s_per_token
+    assert priors["other"].step_tokens == 8192  # vLLM's default
+
+
 def test_the_embedded_fleet_gives_the_default_prior() -> None:
     cfg = parse_config({"simulator": {"profile": "tiny", "time_scale": 2.0}})
     assert latency_priors(cfg) == ({}, profile_prior("tiny", 2.0))
@@ -49,7 +61,7 @@ def test_the_embedded_fleet_gives_the_default_prior() -> None:
 @pytest.mark.parametrize(
     ("prior", "match"),
     [({"profile": "h100-9000"}, "unknown profile"), ({"prefill_s_per_token": 0}, "greater than 0"),
-     ({"speed": 2}, "speed")],
+     ({"speed": 2}, "speed"), ({"step_tokens": 0}, "greater than or equal to 1")],
 )  # fmt: skip
 def test_bad_priors_are_refused(prior: dict[str, object], match: str) -> None:
     with pytest.raises(ConfigError, match=match):
