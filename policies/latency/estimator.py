@@ -123,7 +123,8 @@ class LatencyEstimator:
             model = models.get(name) or self.model(name, state.pool)
             scraped = state.scraped_at
             fresh = scraped is not None and now - scraped <= stale_after_s
-            own = prompt_tokens - int(get(name, 0) * block)
+            held = get(name, 0) * block  # an int from the approximate index: int() only for a fraction
+            own = prompt_tokens - (held if held.__class__ is int else int(held))
             out.append(model.cost_s(state, fresh, own if own > 0 else 0, now, work_weight))
         return out
 

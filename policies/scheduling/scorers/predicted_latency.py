@@ -68,7 +68,7 @@ class PredictedLatencyScorer:
             least, w = min(stalls), self.batch_weight
             costs = [c + w * (s - least) for c, s in zip(costs, stalls, strict=True)]
         best = min(costs)
-        scores = [best / t if t > 0 else 1.0 for t in costs]
+        scores = [best / t if t > 0.0 else 1.0 for t in costs]
         bound = self.tpot_slo_s
         if bound > 0:
             now, stale = ctx.now, ctx.stale_after_s
