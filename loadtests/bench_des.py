@@ -26,6 +26,7 @@ _PARAM_FLAGS: dict[str, str] = {
     "output_tokens": "--output-tokens",
     "groups": "--groups",
     "target_multiple": "--target-multiple",
+    "session_header": "--session-header",
 }
 
 

@@ -115,6 +115,9 @@ def build_parser() -> argparse.ArgumentParser:
     wl.add_argument("--turns", type=int, default=4, help="multi-turn")
     wl.add_argument("--active-conversations", type=int, default=None,
                     help="multi-turn: conversations open at a time (default: all)")
+    wl.add_argument("--session-header", nargs="?", const="x-session-id", default=None, metavar="NAME",
+                    help="multi-turn: send each conversation's id in this header (default name: "
+                         "x-session-id, the gateway's scheduling.session_header); default: no header")
     wl.add_argument("--output-tokens", type=int, default=64)
     wl.add_argument("--groups", type=int, default=None,
                     help="shared-prefix groups (default: sized to --target-multiple x one replica's KV)")
@@ -172,7 +175,8 @@ def build_workload(args: argparse.Namespace, fleet: FleetSpec, total: int) -> Wo
         return MultiTurnWorkload(conversations=math.ceil(total / args.turns), turns=args.turns,
                                  system_prompt_tokens=args.system_prompt_tokens, user_tokens=args.user_tokens,
                                  output_tokens=args.output_tokens, model=model, seed=seed,
-                                 active_conversations=args.active_conversations)  # fmt: skip
+                                 active_conversations=args.active_conversations,
+                                 session_header=args.session_header)  # fmt: skip
     if args.workload == LoraMixWorkload.name:
         return LoraMixWorkload(adapters=list(fleet.adapters), requests=total,
                                prompt_tokens=args.prompt_tokens, output_tokens=args.output_tokens,

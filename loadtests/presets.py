@@ -366,6 +366,14 @@ _MULTI_TURN = WorkloadPlan(
     {"turns": 4, "system_prompt_tokens": 1024, "user_tokens": 256, "output_tokens": 64,
      "active_conversations": 48},
 )  # fmt: skip
+# The issue's case 1 (#11): long new turns, so a turn's held history is 50-75% of its prompt and a
+# conversation moves under `default` whenever its replica has one more request in flight.
+_CONVERSATIONS = WorkloadPlan(
+    "multi-turn",
+    {"turns": 4, "system_prompt_tokens": 256, "user_tokens": 768, "output_tokens": 256,
+     "active_conversations": 16},
+    label="multi-turn-long",
+)  # fmt: skip
 _LORA_MIX = WorkloadPlan("lora-mix", {"prompt_tokens": 1024, "output_tokens": 64, "zipf_s": 1.0})
 _NOISY = WorkloadPlan("noisy-neighbour", {"prompt_tokens": 1024, "output_tokens": 64})
 
@@ -440,6 +448,22 @@ _PRESETS: dict[str, BenchPreset] = {
         warmup_requests=48,
         warmup_s=0.1,
         max_duration_s=60.0,
+    ),
+    "conversations": BenchPreset(
+        name="conversations",
+        description="multi-turn conversations with long new turns (issue #11), default against "
+        "predicted-latency, 8 streams (2 per replica), time scale 4",
+        fleet=replace(_FLEET, time_scale=4.0),
+        workloads=(_CONVERSATIONS,),
+        policies=("default", "predicted-latency"),
+        concurrency=(8,),
+        requests=120,
+        warmup_requests=32,
+        max_duration_s=120.0,
+        gateway_tokenizer="sim",
+        # Either value gives the pool the simulator profile's latency prior at the time scale (the
+        # predicted-latency profile's model starts from the fleet's real speed); the gate stays off.
+        flow_control={"predicted_admission": False},
     ),
     "tiny": BenchPreset(
         name="tiny",

@@ -118,6 +118,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="the gateway's flow_control.predicted_admission (default: kvgate's); either value also "
         "gives the pool the simulator profile's latency prior",
     )
+    p.add_argument(
+        "--session-header",
+        nargs="?",
+        const="x-session-id",
+        default=None,
+        metavar="NAME",
+        help="multi-turn: send each conversation's id in this header (default name x-session-id, the "
+        "gateway's scheduling.session_header); default: no header",
+    )
     p.add_argument("--knee-factor", type=float, default=None, help="the gateway's flow_control.knee_factor")
     p.add_argument("--no-pin", action="store_true", help="do not pin processes to CPUs")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -226,7 +235,15 @@ def resolve(args: argparse.Namespace) -> tuple[Any, Any]:
 
         parse_slo(args.slo)  # SloError (a ValueError) names the bad part
     preset = preset.with_overrides(**changes)
-    return preset, workload_plans(preset, args.workload)
+    plans = workload_plans(preset, args.workload)
+    if getattr(args, "session_header", None):
+        plans = tuple(
+            dataclasses.replace(p, params={**p.params, "session_header": args.session_header})
+            if p.workload == "multi-turn"
+            else p
+            for p in plans
+        )
+    return preset, plans
 
 
 def _run_des(args: argparse.Namespace) -> int:

@@ -11,6 +11,10 @@ Each conversation is one session (`session_id` = `conv-<c>`): its turns go one a
 conversations run concurrently. At most `active_conversations` are open at a time (all by default);
 the next turn is drawn, seeded, from the open conversations, and a finished conversation makes room
 for the next new one.
+
+With `session_header` set, each request also carries its conversation's id in that HTTP header (the
+gateway's `scheduling.session_header`, `x-session-id` by default), so the gateway's session map and
+`session-affinity` scorer see it; without it (the default) the gateway routes on the prompt alone.
 """
 
 from __future__ import annotations
@@ -37,7 +41,8 @@ class _Conversation:
 
 class MultiTurnWorkload:
     """`conversations` x `turns` chat requests; lengths in tokens. `request_id` is `mt-<c>-<turn>`
-    (turn from 1), `group` and `session_id` are `conv-<c>`."""
+    (turn from 1), `group` and `session_id` are `conv-<c>`; with `session_header`, `conv-<c>` is also
+    sent in that header."""
 
     name = "multi-turn"
 
@@ -52,6 +57,7 @@ class MultiTurnWorkload:
         model: str,
         seed: int = 0,
         active_conversations: int | None = None,
+        session_header: str | None = None,
     ) -> None:
         check_positive(
             conversations=conversations,
@@ -70,6 +76,9 @@ class MultiTurnWorkload:
         self.model = model
         self.seed = seed
         self.active_conversations = min(active_conversations or conversations, conversations)
+        if session_header is not None and not session_header.strip():
+            raise ValueError("session_header must be a header name or None, got an empty string")
+        self.session_header = session_header.strip() if session_header else None
         self._text = WordText()
 
     def size(self) -> int:
@@ -113,6 +122,7 @@ class MultiTurnWorkload:
             body=chat_body_from_messages(self.model, list(conv.messages), self.output_tokens),
             session_id=session,
             group=session,
+            headers={self.session_header: session} if self.session_header else {},
         )
 
     def describe(self) -> dict[str, Any]:
@@ -128,5 +138,6 @@ class MultiTurnWorkload:
             "last_turn_prompt_tokens": self.last_turn_prompt_tokens(),
             "model": self.model,
             "endpoint": "chat",
+            "session_header": self.session_header,
             "seed": self.seed,
         }

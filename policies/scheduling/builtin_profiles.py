@@ -87,7 +87,14 @@ _SPECS: dict[str, dict[str, Any]] = {
             # work_weight 1: the cost of a choice is its TTFT plus the seconds of prefill it adds
             # there (what later requests wait for); a conversation moves only when its replica is
             # behind by more than re-prefilling it elsewhere costs (docs/benchmarks.md, issue #11).
-            {"type": "predicted-latency", "weight": 1.0, "params": {"work_weight": 1.0}},
+            # batch_weight 0.5: plus half the seconds its prefill holds up the requests decoding
+            # there (x their number), so batches stay even and a busy replica keeps what it holds;
+            # 0.5 kept more of the oracle's hits than 1 or 2 at the same goodput (same section).
+            {
+                "type": "predicted-latency",
+                "weight": 1.0,
+                "params": {"work_weight": 1.0, "batch_weight": 0.5},
+            },
             # A held prefix also saves the NEXT turn's prefill, which this request's TTFT does not
             # count: 0.1 x the matched share keeps a conversation where its TTFT is within a few
             # percent of the best (near-best's draw among near-ties moved them otherwise).

@@ -83,3 +83,20 @@ def test_kvgate_bench_des_runs_the_tiny_preset(tmp_path: Path) -> None:
     doc = load_results(tmp_path / "des-random" / "results.json")
     assert [r["policy"] for r in doc["runs"]] == ["round-robin", "default"]
     assert all(r["completed"] == 8 for r in doc["runs"])
+
+
+def test_the_session_header_flag_reaches_multi_turn_plans_and_the_des(tmp_path: Path) -> None:
+    import argparse
+
+    from gateway.commands.bench import add_arguments, resolve
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    args = parser.parse_args(["--out", str(tmp_path), "--preset", "conversations", "--session-header"])
+    preset, (plan,) = resolve(args)
+    assert plan.params["session_header"] == "x-session-id"
+    (argv,), notes = des_argv(preset, plan, tmp_path, None, progress=False)
+    assert not any("session_header" in n for n in notes)
+    assert build_parser().parse_args(argv).session_header == "x-session-id"
+    _, (bare,) = resolve(parser.parse_args(["--out", str(tmp_path), "--preset", "conversations"]))
+    assert "session_header" not in bare.params

@@ -10,7 +10,19 @@ Cost = predicted TTFT + `work_weight` x the seconds its own uncached prefill tak
 term is what the choice costs the requests that come after it: re-prefilling a conversation on an
 idle replica may shave this request's TTFT, but it spends that replica's compute on tokens the old
 one already held, and the next turn finds its prefix where it went. With `work_weight` 0 the cost is
-the TTFT alone. Score = best cost / the candidate's (1 for the best, 0.5 for one twice as costly):
+the TTFT alone.
+
+`batch_weight` adds what the choice costs the requests decoding there now: a step that carries a
+prefill lasts as long as the prefill's compute, so each of the replica's running requests waits
+about the prefill's seconds for its next token. The term is `batch_weight` x running requests x the
+seconds of its own uncached prefill there. Without it the TTFT alone sends new work to whichever
+replica has no prefill queued however many requests it is decoding, the batches drift apart and each
+prefill stalls a crowded batch (docs/benchmarks.md, "Predicted latency (issue #11)": in-flight skew
+p99 5-7 requests against 2-4.5 for `default`, 1-5% less goodput); with it a new conversation goes
+where fewer requests are decoding, and a held prefix, which leaves less to prefill, weighs more on a
+busy replica. The running count is the larger of kvgate's own in flight and a fresh scrape's running.
+
+Score = best cost / the candidate's (1 for the best, 0.5 for one twice as costly):
 a ratio, so the picker's margin is a share of the cost, and replicas of different speeds compare in
 seconds.
 With `tpot_slo_s` > 0, a candidate whose predicted time per output token is over it scores 0 unless
@@ -30,23 +42,31 @@ from policies.types import ReplicaState
 @dataclass(frozen=True, slots=True)
 class PredictedLatencyScorer:
     """Best predicted cost / the candidate's (module docstring); `tpot_slo_s` 0 means no TPOT bound;
-    `work_weight` (>= 0) prices the candidate's own uncached prefill beside the TTFT."""
+    `work_weight` (>= 0) prices the candidate's own uncached prefill beside the TTFT, `batch_weight`
+    (>= 0) the stall that prefill puts on the requests decoding there."""
 
     name: str = "predicted-latency"
     tpot_slo_s: float = 0.0
     work_weight: float = 0.0
+    batch_weight: float = 0.0
 
     def __post_init__(self) -> None:
-        if not (math.isfinite(self.tpot_slo_s) and self.tpot_slo_s >= 0):
-            raise ValueError(f"tpot_slo_s must be finite and >= 0, got {self.tpot_slo_s}")
-        if not (math.isfinite(self.work_weight) and self.work_weight >= 0):
-            raise ValueError(f"work_weight must be finite and >= 0, got {self.work_weight}")
+        for field in ("tpot_slo_s", "work_weight", "batch_weight"):
+            value = getattr(self, field)
+            if not (math.isfinite(value) and value >= 0):
+                raise ValueError(f"{field} must be finite and >= 0, got {value}")
 
     def score(self, ctx: SchedulingContext, candidates: Sequence[ReplicaState]) -> Sequence[float]:
         est = ctx.latency
         if est is None or not candidates:
             return [1.0] * len(candidates)
         costs = predicted_ttfts(ctx, candidates, self.work_weight)
+        if self.batch_weight:
+            stalls = batch_stalls(ctx, candidates)
+            # Only the differences: a stall every candidate would cause is no reason to prefer one,
+            # and added whole it would shrink every ratio below, widening the picker's margin.
+            least, w = min(stalls), self.batch_weight
+            costs = [c + w * (s - least) for c, s in zip(costs, stalls, strict=True)]
         best = min(costs)
         scores = [best / t if t > 0.0 else 1.0 for t in costs]
         bound = self.tpot_slo_s
@@ -68,3 +88,28 @@ def predicted_ttfts(
     return est.costs(
         candidates, ctx.request.prompt_tokens, ctx.prefix_match, ctx.now, ctx.stale_after_s, work_weight
     )
+
+
+def batch_stalls(ctx: SchedulingContext, candidates: Sequence[ReplicaState]) -> list[float]:
+    """Each candidate's running requests x the seconds of `ctx.request`'s own uncached prefill there
+    (`ctx.latency` must be set): the time its prefill holds up the batch decoding there. On the request
+    path for every candidate: `ReplicaState.is_fresh` and `LatencyEstimator.uncached_tokens` inlined,
+    and nothing computed for an idle replica (held bit for bit by the reference test)."""
+    est = ctx.latency
+    assert est is not None
+    prompt, get, block = ctx.request.prompt_tokens, ctx.prefix_match.get, est.block_tokens
+    now, stale = ctx.now, ctx.stale_after_s
+    out = []
+    for state in candidates:
+        running = state.in_flight
+        if state.running > running:  # other gateways' requests decode there too, if the scrape is fresh
+            scraped = state.scraped_at
+            if scraped is not None and now - scraped <= stale:
+                running = state.running
+        if not running:
+            out.append(0.0)
+            continue
+        held = get(state.name, 0) * block  # an int from the approximate index: int() only for a fraction
+        own = prompt - (held if held.__class__ is int else int(held))
+        out.append(running * est.prefill_s(state, own if own > 0 else 0))
+    return out

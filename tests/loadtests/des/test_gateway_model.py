@@ -118,3 +118,23 @@ def test_scraped_gauges_change_only_when_scraped() -> None:
     gw.scrape(0, rep.engine.stats)
     after = gw.fleet.snapshot().replicas[0]
     assert (after.running, after.waiting, after.scraped_at) == (1, 1, 0.2) and after.kv_usage > 0
+
+
+def test_a_multi_turn_workload_reaches_the_session_map_only_with_its_header() -> None:
+    from loadtests.workloads.multi_turn import MultiTurnWorkload
+
+    def session_score(header: str | None) -> float:
+        wl = MultiTurnWorkload(conversations=1, turns=2, system_prompt_tokens=40, user_tokens=12,
+                               output_tokens=8, model=MODEL, session_header=header)  # fmt: skip
+        gw, _ = model()
+        first, second = (gw.request_info("chat", s.body, headers=s.headers) for s in wl.requests())
+        assert first.session_id == second.session_id == (None if header is None else "conv-0")
+        routed = gw.route(first, 0.0)
+        gw.finished(routed)
+        decision = gw.router.decide(second, gw.fleet.snapshot(), 0.0).decision
+        winner = decision.ranked[0].name
+        assert header is None or winner == gw.names[routed.replica]
+        return decision.scores[winner]["session-affinity"]
+
+    assert session_score("x-session-id") == 1.0
+    assert session_score(None) == 0.0

@@ -90,3 +90,18 @@ def test_rejects(bad: dict[str, int]) -> None:
     args.update(bad)
     with pytest.raises(ValueError):
         MultiTurnWorkload(**args, model="m")  # type: ignore[arg-type]
+
+
+def test_the_session_header_carries_the_conversation_only_when_asked() -> None:
+    assert all(s.headers == {} for s in workload().requests())
+    with_header = MultiTurnWorkload(
+        conversations=3, turns=2, system_prompt_tokens=40, user_tokens=12, output_tokens=20,
+        model="tiny-llama", session_header="x-session-id",
+    )  # fmt: skip
+    specs = list(with_header.requests())
+    assert all(s.headers == {"x-session-id": s.session_id} for s in specs)
+    assert with_header.describe()["session_header"] == "x-session-id"
+    assert workload().describe()["session_header"] is None
+    with pytest.raises(ValueError, match="session_header"):
+        MultiTurnWorkload(conversations=1, turns=1, system_prompt_tokens=1, user_tokens=1, output_tokens=1,
+                          model="m", session_header=" ")  # fmt: skip

@@ -8,7 +8,11 @@ from policies.latency.estimator import LatencyEstimator
 from policies.latency.prior import LatencyPrior
 from policies.scheduling.builtin_profiles import build_builtin_profile
 from policies.scheduling.context import SchedulingContext
-from policies.scheduling.scorers.predicted_latency import PredictedLatencyScorer, predicted_ttfts
+from policies.scheduling.scorers.predicted_latency import (
+    PredictedLatencyScorer,
+    batch_stalls,
+    predicted_ttfts,
+)
 from policies.types import ReplicaState, RequestInfo
 from tests.policies.scheduling.builders import NOW, names, replica
 
@@ -86,3 +90,62 @@ def test_tpot_bound() -> None:
 
 def test_without_latency_models_every_candidate_scores_one() -> None:
     assert PredictedLatencyScorer().score(ctx(None, {}), [replica("a"), replica("b")]) == [1.0, 1.0]
+
+
+def decoding(name: str, running: int, **fields: object) -> ReplicaState:
+    """A replica decoding `running` of kvgate's requests of PROMPT + 64 tokens each."""
+    tokens = running * (PROMPT + 64)
+    return replica(name, in_flight=running, in_flight_tokens=tokens, running=running, **fields)
+
+
+def test_a_replica_with_a_much_larger_batch_loses_a_cold_prompt_it_would_win_on_ttft() -> None:
+    # a decodes 12 requests with no prefill queued; b decodes 1 and has a short prefill queued: on
+    # the first token alone a is sooner, but the new prompt's prefill would stall a's 12 requests.
+    a, b = decoding("a", 12), decoding("b", 1)
+    est = LatencyEstimator(BLOCK)
+    est.dispatched(est.predict(b, 600, NOW, 1.0))
+    c = ctx(est, {})
+    ttft = PredictedLatencyScorer(work_weight=1.0).score(c, [a, b])
+    assert ttft[0] == 1.0 and ttft[1] < 1.0
+    priced = PredictedLatencyScorer(work_weight=1.0, batch_weight=0.5).score(c, [a, b])
+    assert priced[1] == 1.0 and priced[0] < 1.0
+    for seed in range(5):
+        d = build_builtin_profile("predicted-latency").schedule(c, [a, b], random.Random(seed))
+        assert names(d.ranked)[0] == "b"
+
+
+def test_stall_is_counted_per_request_decoding_and_per_uncached_token() -> None:
+    est = LatencyEstimator(BLOCK)
+    a, b, idle = decoding("a", 4), decoding("b", 2), replica("idle")
+    stalls = batch_stalls(ctx(est, {"a": PROMPT / BLOCK / 2}), [a, b, idle])
+    per_token = est.prefill_s(b, 1000) / 1000
+    # a holds half the prompt: 4 x 1,000 uncached tokens; b 2 x 2,000; an idle replica stalls nobody.
+    assert stalls == pytest.approx([4 * 1000 * per_token, 2 * 2000 * per_token, 0.0])
+
+
+def test_a_fresh_scrape_counts_other_gateways_requests_a_stale_one_does_not() -> None:
+    est = LatencyEstimator(BLOCK)
+    fresh = replica("f", in_flight=1, in_flight_tokens=PROMPT, running=5)
+    stale = replica("s", in_flight=1, in_flight_tokens=PROMPT, running=5, scraped_at=NOW - 10.0)
+    stalls = batch_stalls(ctx(est, {}), [fresh, stale])
+    assert stalls[0] == pytest.approx(5 * stalls[1])
+
+
+def test_a_busy_home_keeps_its_conversation_when_its_prefix_leaves_little_to_prefill() -> None:
+    # The home decodes 4 requests and holds 75% of the turn; the peer decodes 2. Re-prefilling the
+    # whole turn there stalls 2 requests for 2,000 tokens: more than 4 for the home's 500.
+    home, peer = decoding("home", 4), decoding("peer", 2)
+    match = {"home": 0.75 * PROMPT / BLOCK}
+    est = LatencyEstimator(BLOCK)
+    profile = build_builtin_profile("predicted-latency")
+    for seed in range(5):
+        d = profile.schedule(ctx(est, match), [home, peer], random.Random(seed))
+        assert names(d.ranked) == ["home", "peer"]
+
+
+def test_weights_must_be_finite_and_not_negative() -> None:
+    for field in ("work_weight", "batch_weight", "tpot_slo_s"):
+        with pytest.raises(ValueError, match=field):
+            PredictedLatencyScorer(**{field: -0.1})
+        with pytest.raises(ValueError, match=field):
+            PredictedLatencyScorer(**{field: float("inf")})

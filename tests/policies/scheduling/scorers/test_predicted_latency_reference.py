@@ -38,6 +38,16 @@ def reference_scores(
         model = est.model(r.name, r.pool)
         fresh = r.is_fresh(ctx.now, ctx.stale_after_s)
         costs.append(model.cost_s(r, fresh, uncached, ctx.now, scorer.work_weight))
+    if scorer.batch_weight:
+        # What its prefill holds up: the requests decoding there (kvgate's, or a fresh scrape's if
+        # more) x its own uncached prefill's seconds; only the differences between candidates.
+        stalls = []
+        for r in candidates:
+            running = max(r.in_flight, r.running) if r.is_fresh(ctx.now, ctx.stale_after_s) else r.in_flight
+            uncached = est.uncached_tokens(ctx.request.prompt_tokens, ctx.prefix_match.get(r.name, 0))
+            stalls.append(running * est.prefill_s(r, uncached) if running else 0.0)
+        least = min(stalls)
+        costs = [c + scorer.batch_weight * (s - least) for c, s in zip(costs, stalls, strict=True)]
     best = min(costs)
     scores = [best / c if c > 0 else 1.0 for c in costs]
     if scorer.tpot_slo_s > 0:
@@ -84,10 +94,11 @@ specs = st.builds(
     fleet=st.lists(specs, min_size=1, max_size=8),
     prompt_tokens=st.integers(0, 40_000),
     work_weight=st.sampled_from([0.0, 0.5, 1.0]),
+    batch_weight=st.sampled_from([0.0, 0.5, 2.0]),
     tpot_slo_s=st.sampled_from([0.0, 0.008, 0.02]),
 )
 def test_the_scorer_is_its_reference(
-    fleet: list[Spec], prompt_tokens: int, work_weight: float, tpot_slo_s: float
+    fleet: list[Spec], prompt_tokens: int, work_weight: float, batch_weight: float, tpot_slo_s: float
 ) -> None:
     est = LatencyEstimator(BLOCK, priors={"slow": LatencyPrior().scaled(2.0)})
     candidates: list[ReplicaState] = []
@@ -118,5 +129,5 @@ def test_the_scorer_is_its_reference(
                        prefix_keys=tuple(range(prompt_tokens // BLOCK)))  # fmt: skip
     ctx = SchedulingContext(request=info, now=NOW, prefix_match=match, prefix_blocks=len(info.prefix_keys),
                             stale_after_s=STALE, latency=est)  # fmt: skip
-    scorer = PredictedLatencyScorer(tpot_slo_s=tpot_slo_s, work_weight=work_weight)
+    scorer = PredictedLatencyScorer(tpot_slo_s=tpot_slo_s, work_weight=work_weight, batch_weight=batch_weight)
     assert list(scorer.score(ctx, candidates)) == reference_scores(scorer, ctx, candidates)
