@@ -2,13 +2,15 @@
 
     python -m loadtests.noisy_bench [--repeats 2] [--b-requests 40] [--slots 16]
         [--b-prompt-tokens 1024] [--output-jitter J] [--reserve R] [--no-flow-control]
-        [--predicted-admission {on,off}] [--knee-factor F] [--profile P] [--seed S] [--out FILE.json]
+        [--predicted-admission {on,off}] [--knee-factor F] [--profile P] [--no-stream] [--seed S]
+        [--out FILE.json]
 
 A simulated fleet (`kvgate sim`, 2 x llama-3-8b-h100 with 2,048 KV blocks, time scale 5, pinned
 apart as `kvgate bench` pins it) behind one `kvgate serve` with two tenants, A and B, of equal
 weight and band and no rate limits: what protects B is flow control alone (the saturation detector,
 the fair queue, deadlines and shedding). Random 1,024-token prompts (nothing cached), 64 output
-tokens (`--output-jitter J`: uniform in 64 x [1 - J, 1 + J]).
+tokens (`--output-jitter J`: uniform in 64 x [1 - J, 1 + J]). Streamed, or with `--no-stream` one
+JSON answer each: then there is no TTFT to report, and B's end-to-end latency stands in for it.
 
 1. Capacity: A alone, closed loop at the fleet's slots (2 x `--slots`), gives X requests/s.
 2. Solo: B alone, open loop at half its fair share (X / 4), `--b-requests` requests.
@@ -24,7 +26,7 @@ reference for what fair queuing and shedding buy. `--predicted-admission on|off`
 time scale either way.
 
 Reported per repeat: B's TTFT p50/p95/p99 solo and contended, the p95 ratio (issue #4 asks for
-<= 2x), B's and A's statuses, and A's goodput. Latencies are simulated seconds
+<= 2x), B's end-to-end p50/p95, B's and A's statuses, and A's goodput. Latencies are simulated seconds
 (wall / time scale); the bands' `max_wait_s` is wall time.
 """
 
@@ -37,6 +39,7 @@ import os
 import sys
 import tempfile
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -93,9 +96,10 @@ def ttfts(traces: list[RequestTrace]) -> list[float]:
 
 def describe(result: RunResult) -> dict[str, Any]:
     xs = sorted(ttfts(result.traces))
+    e2e = sorted(t.e2e / TIME_SCALE for t in result.traces if t.ok)
 
-    def q(p: float) -> float | None:
-        return percentile(xs, p) if xs else None
+    def q(p: float, values: list[float] = xs) -> float | None:
+        return percentile(values, p) if values else None
 
     return {
         "requests": len(result.traces),
@@ -103,6 +107,8 @@ def describe(result: RunResult) -> dict[str, Any]:
         "ttft_p50_s": q(50),
         "ttft_p95_s": q(95),
         "ttft_p99_s": q(99),
+        "e2e_p50_s": q(50, e2e),
+        "e2e_p95_s": q(95, e2e),
         "ok_per_s": sum(t.ok for t in result.traces) / result.wall_s * TIME_SCALE,
     }
 
@@ -166,28 +172,35 @@ def queue_share(before: dict[str, float], after: dict[str, float]) -> dict[str, 
     }
 
 
-def workload(n: int, seed: int, prompt_tokens: int = 1024, output_jitter: float = 0.0) -> list[Any]:
-    return list(
-        RandomWorkload(
-            requests=n, prompt_tokens=prompt_tokens, output_tokens=64, model=MODEL, seed=seed,
-            output_jitter=output_jitter,
-        ).requests()
-    )  # fmt: skip
+def workload(
+    n: int, seed: int, prompt_tokens: int = 1024, output_jitter: float = 0.0, stream: bool = True
+) -> list[Any]:
+    specs = RandomWorkload(
+        requests=n, prompt_tokens=prompt_tokens, output_tokens=64, model=MODEL, seed=seed,
+        output_jitter=output_jitter,
+    ).requests()  # fmt: skip
+    if stream:
+        return list(specs)
+    return [replace(s, body={**_unstreamed(s.body), "stream": False}) for s in specs]
+
+
+def _unstreamed(body: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in body.items() if k != "stream_options"}
 
 
 async def one_repeat(
     url: str, replica_urls: list[str], args: argparse.Namespace, seed: int
 ) -> dict[str, Any]:
     slots, b_requests, b_prompt = args.slots, args.b_requests, args.b_prompt_tokens
-    oj = args.output_jitter
+    oj, st = args.output_jitter, not args.no_stream
     auth = {name: {"authorization": f"Bearer {key}"} for name, key in KEYS.items()}
     cap_n = 6 * slots
     cap_cfg = LoadConfig(concurrency=2 * slots, max_requests=cap_n, headers=auth["A"])
-    capacity = await run_load(url, workload(cap_n, seed, output_jitter=oj), cap_cfg)
+    capacity = await run_load(url, workload(cap_n, seed, output_jitter=oj, stream=st), cap_cfg)
     x = describe(capacity)["ok_per_s"]  # simulated requests/s
     b_rate, a_rate = x / 4, 5 * x
     b_cfg = LoadConfig(rate=b_rate / TIME_SCALE, max_requests=b_requests, duration_s=1e6, headers=auth["B"])
-    solo = await run_load(url, workload(b_requests, seed + 1, b_prompt, oj), b_cfg)
+    solo = await run_load(url, workload(b_requests, seed + 1, b_prompt, oj, st), b_cfg)
     b_window_wall = b_requests / (b_rate / TIME_SCALE)
     a_n = int(a_rate / TIME_SCALE * b_window_wall * 1.2)
     a_cfg = LoadConfig(
@@ -195,13 +208,14 @@ async def one_repeat(
     )
     before, b_before = await engine_sums(replica_urls), await tenant_queue(url, "B")
     noisy, contended = await asyncio.gather(
-        run_load(url, workload(a_n, seed + 2, output_jitter=oj), a_cfg),
-        run_load(url, workload(b_requests, seed + 3, b_prompt, oj), b_cfg),
+        run_load(url, workload(a_n, seed + 2, output_jitter=oj, stream=st), a_cfg),
+        run_load(url, workload(b_requests, seed + 3, b_prompt, oj, st), b_cfg),
     )
     engine = engine_means(before, await engine_sums(replica_urls))
     b_queue = queue_share(b_before, await tenant_queue(url, "B"))
     s, c = describe(solo), describe(contended)
     ratio = c["ttft_p95_s"] / s["ttft_p95_s"] if s["ttft_p95_s"] and c["ttft_p95_s"] else None
+    e2e_ratio = c["e2e_p95_s"] / s["e2e_p95_s"] if s["e2e_p95_s"] and c["e2e_p95_s"] else None
     return {
         "capacity_rps": x,
         "b_rate_rps": b_rate,
@@ -209,6 +223,7 @@ async def one_repeat(
         "b_solo": s,
         "b_contended": c,
         "b_p95_ratio": ratio,
+        "b_e2e_p95_ratio": e2e_ratio,
         "a": describe(noisy),
         "engine_contended": engine,
         "b_queue_contended": b_queue,
@@ -230,6 +245,8 @@ def report(k: int, r: dict[str, Any]) -> str:
         f"A at {r['a_rate_rps']:.1f}/s\n"
         f"  B TTFT p50/p95/p99 solo {ms(s)} ms, contended {ms(c)} ms: p95 ratio "
         f"{fmt(r['b_p95_ratio'])}; B statuses {c['statuses']}\n"
+        f"  B end-to-end p50/p95 solo {fmt(s['e2e_p50_s'], 1e3)}/{fmt(s['e2e_p95_s'], 1e3)} ms, contended "
+        f"{fmt(c['e2e_p50_s'], 1e3)}/{fmt(c['e2e_p95_s'], 1e3)} ms: p95 ratio {fmt(r['b_e2e_p95_ratio'])}\n"
         f"  A: {a['requests']} requests, statuses {a['statuses']}, served {a['ok_per_s']:.1f} req/s, "
         f"TTFT p50 {fmt(a['ttft_p50_s'], 1e3)} ms\n"
         f"  engines while contended (A and B): mean TTFT {fmt(e['time_to_first_token_mean_s'], 1e3)} ms, "
@@ -286,6 +303,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--knee-factor", type=float, help="flow_control.knee_factor (default: kvgate's)")
     p.add_argument("--profile", help="scheduling.profile (default: kvgate's)")
+    p.add_argument("--no-stream", action="store_true", help="non-streaming requests (one JSON answer each)")
     p.add_argument("--seed", type=int, default=0, help="the first repeat's seed (then +100 per repeat)")
     p.add_argument("--out", help="write the figures as JSON")
     p.add_argument("--no-pin", action="store_true")

@@ -10,9 +10,12 @@ step later; without a recent chunk to date it, half a step (the mean wait of an 
   works it out: `LatencyEstimator.uncached_tokens`);
 - tokens ahead: uncached prefill still to run there. kvgate's own ledger is exact for what it sent
   (requests dispatched whose first token has not come back, with their uncached tokens as predicted
-  at dispatch); a fresh scrape also shows requests waiting that other gateways sent, counted at the
-  replica's mean uncached prompt. The larger of the two is taken (the scrape's waiting includes
-  kvgate's own), and a stale scrape is not used at all: the ledger stays right between scrapes.
+  at dispatch). A request that will report no first token (a non-streaming answer) is dispatched
+  with a due time, its dispatch plus its predicted TTFT, and leaves the ledger by itself then: the
+  ledger is read against `now`, and what is due is dropped at that read. A fresh scrape also shows
+  requests waiting that other gateways sent, counted at the replica's mean uncached prompt. The
+  larger of the two is taken (the scrape's waiting includes kvgate's own), and a stale scrape is not
+  used at all: the ledger stays right between scrapes.
 
 TPOT = c + d x (KV tokens the running batch reads per step) / 100,000, the batch's context taken from
 kvgate's in-flight tokens (prompt + output cap of what it sent), scaled up when a fresh scrape shows
@@ -23,6 +26,8 @@ inputs that were predicted at dispatch.
 """
 
 from __future__ import annotations
+
+import heapq
 
 from policies.latency.prior import LatencyPrior
 from policies.latency.rls import LinearFit
@@ -37,7 +42,8 @@ class ReplicaLatencyModel:
     """Mutable per-replica state: two fits, the pending-prefill ledger and a mean uncached prompt."""
 
     __slots__ = (
-        "last_step_at", "mean_uncached", "pending_requests", "pending_tokens", "prior", "tpot", "ttft"
+        "due", "last_step_at", "mean_uncached", "pending_requests", "pending_tokens", "prior", "tpot",
+        "ttft",
     )  # fmt: skip
 
     def __init__(self, prior: LatencyPrior) -> None:
@@ -48,10 +54,15 @@ class ReplicaLatencyModel:
         self.pending_requests = 0
         self.mean_uncached = 0.0  # of kvgate's dispatches here: prices a scraped waiting request
         self.last_step_at: float | None = None  # when a chunk of one of kvgate's streams here came
+        # (due time, uncached tokens) of the ledger's entries that leave by themselves (a min-heap)
+        self.due: list[tuple[float, int]] = []
 
     # -- inputs ---------------------------------------------------------------------------------
 
-    def tokens_ahead(self, state: ReplicaState, fresh: bool) -> float:
+    def tokens_ahead(self, state: ReplicaState, fresh: bool, now: float) -> float:
+        due = self.due
+        if due and due[0][0] <= now:
+            self.expire(now)
         own = float(self.pending_tokens)
         if fresh and state.waiting:
             scraped = state.waiting * self.mean_uncached
@@ -93,6 +104,9 @@ class ReplicaLatencyModel:
             per_request = batch / state.in_flight if state.in_flight else self.mean_uncached
             batch += (state.running - state.in_flight) * per_request
         # tokens_ahead
+        due = self.due
+        if due and due[0][0] <= now:
+            self.expire(now)
         ahead = float(self.pending_tokens)
         if fresh and state.waiting:
             scraped = state.waiting * self.mean_uncached
@@ -119,7 +133,11 @@ class ReplicaLatencyModel:
 
     # -- the ledger and calibration ---------------------------------------------------------------
 
-    def dispatched(self, uncached: int) -> None:
+    def dispatched(self, uncached: int, due_at: float | None = None) -> None:
+        """A request with `uncached` tokens to prefill was sent here. With `due_at` it will report no
+        first token: it leaves the ledger by itself at `due_at` (or at `prefilled`, if sooner)."""
+        if due_at is not None:
+            heapq.heappush(self.due, (due_at, uncached))
         self.pending_tokens += uncached
         self.pending_requests += 1
         if self.mean_uncached:
@@ -127,8 +145,24 @@ class ReplicaLatencyModel:
         else:  # the first dispatch here (or only cached ones so far): no 0 to average away
             self.mean_uncached = float(uncached)
 
-    def prefilled(self, uncached: int) -> None:
-        """A request counted by `dispatched(uncached)` got its first token (or ended without one)."""
+    def prefilled(self, uncached: int, due_at: float | None = None) -> None:
+        """A request counted by `dispatched(uncached, due_at)` got its first token or ended: it leaves
+        the ledger, unless it was due and a read has let it go already."""
+        if due_at is not None:
+            try:
+                self.due.remove((due_at, uncached))  # any entry alike is the same to the ledger
+            except ValueError:
+                return  # it was due: gone already
+            heapq.heapify(self.due)
+        self._release(uncached)
+
+    def expire(self, now: float) -> None:
+        """Drop the ledger's entries due by `now` (their prefill is predicted done)."""
+        due = self.due
+        while due and due[0][0] <= now:
+            self._release(heapq.heappop(due)[1])
+
+    def _release(self, uncached: int) -> None:
         self.pending_tokens = max(self.pending_tokens - uncached, 0)
         self.pending_requests = max(self.pending_requests - 1, 0)
 
