@@ -21,7 +21,8 @@ JSON answer each: then there is no TTFT to report, and B's end-to-end latency st
 replica kept for tenants below their fair share (`flow_control.fair_share.reserve_per_replica`;
 0 = plain work-conserving fair queuing); `--no-flow-control` turns the gateway's queue off, the
 reference for what fair queuing and shedding buy. `--predicted-admission on|off` sets
-`flow_control.predicted_admission` (default: kvgate's), `--knee-factor` its `knee_factor`,
+`flow_control.predicted_admission` (default: kvgate's), `--knee-factor` its `knee_factor`
+(`--solo-knee-factor` its `solo_knee_factor`),
 `--profile` the scheduling profile; the pool's latency prior is the simulator's profile at its
 time scale either way.
 
@@ -65,11 +66,14 @@ def gateway_config(
     predicted: bool | None = None,
     knee_factor: float | None = None,
     profile: str | None = None,
+    solo_knee_factor: float | None = None,
 ) -> dict[str, Any]:
     fair_share = {} if reserve is None else {"fair_share": {"reserve_per_replica": reserve}}
     gate: dict[str, Any] = {} if predicted is None else {"predicted_admission": predicted}
     if knee_factor is not None:
         gate["knee_factor"] = knee_factor
+    if solo_knee_factor is not None:
+        gate["solo_knee_factor"] = solo_knee_factor
     prior = {"profile": "llama-3-8b-h100", "time_scale": TIME_SCALE}
     routing = {} if profile is None else {"scheduling": {"profile": profile}}
     return {
@@ -270,7 +274,7 @@ async def run(args: argparse.Namespace) -> list[dict[str, Any]]:
             predicted = None if args.predicted_admission is None else args.predicted_admission == "on"
             cfg = gateway_config(
                 sim.urls, args.slots, not args.no_flow_control, args.reserve, predicted, args.knee_factor,
-                args.profile,
+                args.profile, args.solo_knee_factor,
             )  # fmt: skip
             async with GatewayProcess(cfg, logs / "gateway.yaml", layout.gateway_cpus, logs / "gw.log") as gw:
                 for k in range(args.repeats):
@@ -302,6 +306,7 @@ def main(argv: list[str] | None = None) -> int:
         "--predicted-admission", choices=("on", "off"), help="the latency gate (default: kvgate's)"
     )
     p.add_argument("--knee-factor", type=float, help="flow_control.knee_factor (default: kvgate's)")
+    p.add_argument("--solo-knee-factor", type=float, help="flow_control.solo_knee_factor (default: kvgate's)")
     p.add_argument("--profile", help="scheduling.profile (default: kvgate's)")
     p.add_argument("--no-stream", action="store_true", help="non-streaming requests (one JSON answer each)")
     p.add_argument("--seed", type=int, default=0, help="the first repeat's seed (then +100 per repeat)")
