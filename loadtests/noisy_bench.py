@@ -21,10 +21,11 @@ JSON answer each: then there is no TTFT to report, and B's end-to-end latency st
 replica kept for tenants below their fair share (`flow_control.fair_share.reserve_per_replica`;
 0 = plain work-conserving fair queuing); `--no-flow-control` turns the gateway's queue off, the
 reference for what fair queuing and shedding buy. `--predicted-admission on|off` sets
-`flow_control.predicted_admission` (default: kvgate's), `--knee-factor` its `knee_factor`
-(`--solo-knee-factor` its `solo_knee_factor`),
-`--profile` the scheduling profile; the pool's latency prior is the simulator's profile at its
-time scale either way.
+`flow_control.predicted_admission` (default: kvgate's), `--knee-factor` its `knee_factor`,
+`--solo-knee-factor` its `solo_knee_factor`, `--profile` the scheduling profile; the pool's latency
+prior is the simulator's profile at its time scale either way. `--b-late S` pauses S wall seconds
+before the contended phase and starts B S seconds after A in it: past the fair-share window (10 s),
+B arrives as a newcomer to a pool A had alone (B's first five contended TTFTs are reported).
 
 Reported per repeat: B's TTFT p50/p95/p99 solo and contended, the p95 ratio (issue #4 asks for
 <= 2x), B's end-to-end p50/p95, B's and A's statuses, and A's goodput. Latencies are simulated seconds
@@ -96,6 +97,12 @@ def gateway_config(
 def ttfts(traces: list[RequestTrace]) -> list[float]:
     """Simulated TTFTs of the successful requests."""
     return [(t.first_token - t.start) / TIME_SCALE for t in traces if t.ok and t.first_token is not None]
+
+
+def first_ttfts(result: RunResult, n: int) -> list[float | None]:
+    """Simulated TTFTs of the first `n` requests sent (None: failed or not streamed)."""
+    first = sorted(result.traces, key=lambda t: t.start)[:n]
+    return [(t.first_token - t.start) / TIME_SCALE if t.ok and t.first_token else None for t in first]
 
 
 def describe(result: RunResult) -> dict[str, Any]:
@@ -206,14 +213,22 @@ async def one_repeat(
     b_cfg = LoadConfig(rate=b_rate / TIME_SCALE, max_requests=b_requests, duration_s=1e6, headers=auth["B"])
     solo = await run_load(url, workload(b_requests, seed + 1, b_prompt, oj, st), b_cfg)
     b_window_wall = b_requests / (b_rate / TIME_SCALE)
-    a_n = int(a_rate / TIME_SCALE * b_window_wall * 1.2)
+    late = args.b_late
+    a_n = int(a_rate / TIME_SCALE * (b_window_wall + late) * 1.2)
     a_cfg = LoadConfig(
-        rate=a_rate / TIME_SCALE, max_requests=a_n, duration_s=b_window_wall * 1.1, headers=auth["A"]
+        rate=a_rate / TIME_SCALE, max_requests=a_n, duration_s=b_window_wall * 1.1 + late, headers=auth["A"]
     )
+    if late:
+        await asyncio.sleep(late)  # B's fair-share window passes: it arrives as a newcomer
+
+    async def b_load() -> RunResult:
+        await asyncio.sleep(late)  # A alone first
+        return await run_load(url, workload(b_requests, seed + 3, b_prompt, oj, st), b_cfg)
+
     before, b_before = await engine_sums(replica_urls), await tenant_queue(url, "B")
     noisy, contended = await asyncio.gather(
         run_load(url, workload(a_n, seed + 2, output_jitter=oj, stream=st), a_cfg),
-        run_load(url, workload(b_requests, seed + 3, b_prompt, oj, st), b_cfg),
+        b_load(),
     )
     engine = engine_means(before, await engine_sums(replica_urls))
     b_queue = queue_share(b_before, await tenant_queue(url, "B"))
@@ -227,6 +242,7 @@ async def one_repeat(
         "b_solo": s,
         "b_contended": c,
         "b_p95_ratio": ratio,
+        "b_first5_ttft_s": first_ttfts(contended, 5),
         "b_e2e_p95_ratio": e2e_ratio,
         "a": describe(noisy),
         "engine_contended": engine,
@@ -249,6 +265,7 @@ def report(k: int, r: dict[str, Any]) -> str:
         f"A at {r['a_rate_rps']:.1f}/s\n"
         f"  B TTFT p50/p95/p99 solo {ms(s)} ms, contended {ms(c)} ms: p95 ratio "
         f"{fmt(r['b_p95_ratio'])}; B statuses {c['statuses']}\n"
+        f"  B's first 5 contended TTFTs {', '.join(fmt(v, 1e3) for v in r['b_first5_ttft_s'])} ms\n"
         f"  B end-to-end p50/p95 solo {fmt(s['e2e_p50_s'], 1e3)}/{fmt(s['e2e_p95_s'], 1e3)} ms, contended "
         f"{fmt(c['e2e_p50_s'], 1e3)}/{fmt(c['e2e_p95_s'], 1e3)} ms: p95 ratio {fmt(r['b_e2e_p95_ratio'])}\n"
         f"  A: {a['requests']} requests, statuses {a['statuses']}, served {a['ok_per_s']:.1f} req/s, "
@@ -309,6 +326,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--solo-knee-factor", type=float, help="flow_control.solo_knee_factor (default: kvgate's)")
     p.add_argument("--profile", help="scheduling.profile (default: kvgate's)")
     p.add_argument("--no-stream", action="store_true", help="non-streaming requests (one JSON answer each)")
+    p.add_argument(
+        "--b-late", type=float, default=0.0,
+        help="wall seconds of pause before the contended phase and of A alone before B starts in it "
+        "(more than the fair-share window, 10 s: B arrives as a newcomer to a pool A had alone)",
+    )  # fmt: skip
     p.add_argument("--seed", type=int, default=0, help="the first repeat's seed (then +100 per repeat)")
     p.add_argument("--out", help="write the figures as JSON")
     p.add_argument("--no-pin", action="store_true")
