@@ -384,7 +384,7 @@ class FlowControlConfig(_Strict):
     max_queue_per_tenant: int = Field(512, ge=0)
     pass_priority: bool = False  # send the band as vLLM's integer `priority`
     retry_after_fallback_s: int = Field(5, ge=1)
-    predicted_admission: bool = False  # the latency gate (gateway/config_slo.py)
+    predicted_admission: bool = True  # the latency gate (gateway/config_slo.py)
     knee_factor: float = Field(DEFAULT_KNEE_FACTOR, gt=1, le=100, allow_inf_nan=False)
     solo_knee_factor: float = Field(DEFAULT_SOLO_KNEE_FACTOR, gt=1, le=100, allow_inf_nan=False)
 

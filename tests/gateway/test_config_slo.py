@@ -26,6 +26,7 @@ def test_defaults() -> None:
     fc = parse_config({}).flow_control
     assert fc.knee_factor == DEFAULT_KNEE_FACTOR
     assert fc.solo_knee_factor == DEFAULT_SOLO_KNEE_FACTOR
+    assert fc.predicted_admission  # on by default (docs/benchmarks.md, "Admission on predicted latency")
     assert fc.bands["standard"].ttft_slo_s is None and fc.bands["standard"].tpot_slo_s is None
 
 
