@@ -38,12 +38,12 @@ replica's fresh scrape, a finished request (FleetChange.RELEASED), a health chan
 is cancelled (the client left) leaves the queue; if it had just been released, its slot is passed on
 to the next waiter.
 
-Predicted latency (`flow_control.predicted_admission`, policies/latency_admission): room is also
-what the latency model says, the next request's predicted TTFT on a replica within `knee_factor` x
-its unloaded TTFT there or the tightest TTFT SLO (band, tenant, `x-kvgate-ttft-slo-ms`; its whole
-prompt priced, the prefix match is not known before routing). Held requests wait in the fair queue
-(a sheddable one: refused, Retry-After from the predicted drain); a first token (`on_prefilled`) is
-a capacity event; a tenant below its fair share while another is above it is never held or shed.
+Predicted latency (`flow_control.predicted_admission`, gateway/latency_gate.py): room is also what
+the latency model says, the next request's predicted TTFT on a replica within the knee x its
+unloaded TTFT there or the tightest TTFT SLO (`knee_factor`; `solo_knee_factor` while the pool has
+at most one active tenant). Held requests wait in the fair queue (a sheddable one: refused,
+Retry-After from the predicted drain); a first token (`on_prefilled`) is a capacity event; a tenant
+below its fair share while another is above it is never held or shed.
 
 Single event loop; nothing here blocks. Listeners and `enter` never call back into FleetState writers.
 """
@@ -63,12 +63,13 @@ from gateway.config import FlowControlConfig
 from gateway.drain import shutting_down
 from gateway.errors import GatewayError
 from gateway.fleet.state import FleetChange, FleetState
+from gateway.latency_gate import LatencyGate
 from gateway.metrics import GatewayMetrics
 from policies.drain_rate import DrainRate
 from policies.fair_queue import FairQueue, QueueItem
 from policies.fair_share import FairShare
 from policies.latency.estimator import LatencyEstimator
-from policies.latency_admission import NO_SLO, LatencySlo, excess_s, replica_room, retry_after_from_drain
+from policies.latency_admission import NO_SLO, LatencySlo, retry_after_from_drain
 from policies.retry_after import retry_after_from_queue
 from policies.saturation import SaturationThresholds, replica_headroom
 from policies.types import Band
@@ -102,13 +103,6 @@ def _max_waits(cfg: FlowControlConfig) -> dict[Band, float]:
     return out
 
 
-def _band_slos(cfg: FlowControlConfig) -> dict[Band, LatencySlo]:
-    out = dict.fromkeys(Band, LatencySlo())
-    for name, band in cfg.bands.items():
-        out[Band.parse(name)] = LatencySlo(band.ttft_slo_s, band.tpot_slo_s)
-    return out
-
-
 def _released(fut: asyncio.Future[None]) -> bool:
     return fut.done() and not fut.cancelled() and fut.exception() is None
 
@@ -135,8 +129,7 @@ class AdmissionQueue:
         )
         self._cfg = cfg
         self._max_wait = _max_waits(cfg)
-        self._latency = latency
-        self._band_slo = _band_slos(cfg)
+        self._gate = LatencyGate(cfg, latency)
         self._fleet = fleet
         self._m = metrics
         self._clock = clock
@@ -178,8 +171,8 @@ class AdmissionQueue:
         if p is None:
             return "direct"  # not a pool of this fleet: routing will answer
         now = self._clock()
-        slo = self._band_slo[band].tighten(slo)
-        gated = self._gated()
+        slo = self._gate.slo(band, slo)
+        gated = self._gate.on
         drain_s: float | None = None  # the gate held it: the predicted drain, for Retry-After
         if not p.queue or (gated and self._max_wait[band] <= 0):
             reserve = self._reserve(p)
@@ -299,7 +292,7 @@ class AdmissionQueue:
         """A request of `pool` got its first token: with the latency gate on, the work ahead of the
         next one shrank, so waiters may go."""
         p = self._pools.get(pool)
-        if p is not None and p.queue and self._gated():
+        if p is not None and p.queue and self._gate.on:
             self._drain(p, self._clock())
 
     def close(self) -> None:
@@ -325,7 +318,7 @@ class AdmissionQueue:
         )
         self._cfg = cfg
         self._max_wait = _max_waits(cfg)
-        self._band_slo = _band_slos(cfg)
+        self._gate.reconfigure(cfg)
         self._window = cfg.fair_share.active_window_s
         now = self._clock()
         for p in self._pools.values():
@@ -384,31 +377,13 @@ class AdmissionQueue:
                 return room
         return room if healthy else _DOWN
 
-    def _gated(self) -> bool:
-        return self._latency is not None and self._cfg.predicted_admission
-
     def _latency_room(self, p: _Pool, now: float, prompt_tokens: int, slo: LatencySlo) -> tuple[int, float]:
-        """Requests like this one (`prompt_tokens`, `slo`) the pool's replicas can take by the latency
-        gate (policies/latency_admission), less those released and not yet dispatched; and the least
-        predicted drain (seconds) before one of them would take it."""
-        est = self._latency
-        assert est is not None
+        """Requests like this one the pool's replicas can take by the latency gate, less those
+        released and not yet dispatched; and the least predicted drain before one would fit."""
+        alone = p.share.alone(now, p.queue.depth_of)
         replicas = self._fleet.snapshot().replicas
-        thr = self._thr
-        stale, knee = thr.stale_after_s, self._cfg.knee_factor
-        tokens = max(0, prompt_tokens)
-        room = -p.pending
-        drain = math.inf
-        for i in p.indexes:
-            r = replicas[i]
-            if replica_headroom(r, thr, now) <= 0:
-                continue
-            predicted = est.ttft_s(r, tokens, now, stale)
-            unloaded = est.unloaded_ttft_s(r, tokens)
-            tpot = est.tpot_s(r, now, stale) if slo.tpot_s is not None else 0.0
-            room += replica_room(predicted, unloaded, est.prefill_s(r, tokens), knee, slo, tpot)
-            drain = min(drain, excess_s(predicted, unloaded, knee, slo))
-        return room, drain
+        room, drain = self._gate.room(replicas, p.indexes, self._thr, now, prompt_tokens, slo, alone)
+        return room - p.pending, drain
 
     def _reserve(self, p: _Pool) -> int:
         # Never more than half a replica's slots: the reserve is slack, not a partition.
@@ -430,7 +405,7 @@ class AdmissionQueue:
             reserve = 0
         fits = 1 << 30  # requests the latency gate lets through (sized by the queue's head)
         light: Callable[[str], bool] | None = None
-        if room > 0 and self._gated() and (first := q.peek()) is not None:
+        if room > 0 and self._gate.on and (first := q.peek()) is not None:
             fits = self._latency_room(p, now, first.payload.prompt_tokens, first.payload.slo)[0]
             if fits <= 0:
                 light = share.outweighed(0, now, q.depth_of)

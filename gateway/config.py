@@ -28,7 +28,7 @@ from gateway.config_headroom import HeadroomConfig
 from gateway.config_latency import LatencyPriorConfig
 from gateway.config_routes import RouteConfig, check_adapter_sources, route_problems
 from gateway.config_simulator import SimulatorConfig as SimulatorConfig  # re-exported: part of Config
-from gateway.config_slo import DEFAULT_KNEE_FACTOR, SloConfig
+from gateway.config_slo import DEFAULT_KNEE_FACTOR, DEFAULT_SOLO_KNEE_FACTOR, SloConfig
 from gateway.config_tenancy import (
     AdminKeyConfig,
     KeyConfig,
@@ -384,8 +384,9 @@ class FlowControlConfig(_Strict):
     max_queue_per_tenant: int = Field(512, ge=0)
     pass_priority: bool = False  # send the band as vLLM's integer `priority`
     retry_after_fallback_s: int = Field(5, ge=1)
-    predicted_admission: bool = False  # the latency gate (gateway/config_slo.py)
+    predicted_admission: bool = True  # the latency gate (gateway/config_slo.py)
     knee_factor: float = Field(DEFAULT_KNEE_FACTOR, gt=1, le=100, allow_inf_nan=False)
+    solo_knee_factor: float = Field(DEFAULT_SOLO_KNEE_FACTOR, gt=1, le=100, allow_inf_nan=False)
 
 
 class Config(_Strict):

@@ -3,9 +3,10 @@
 - `tenants[].slo: {ttft_s, tpot_s}` and `flow_control.bands.<band>.{ttft_slo_s, tpot_slo_s}`: seconds,
   optional; each only tightens the gate (policies/latency_admission), as does a request's
   `x-kvgate-ttft-slo-ms` header.
-- `flow_control.predicted_admission`: the gate on or off; `flow_control.knee_factor` (> 1): with no
-  SLO, a request is sent while its predicted TTFT on a replica stays within this many times its
-  TTFT there unloaded.
+- `flow_control.predicted_admission`: the gate on (the default) or off; `flow_control.knee_factor`
+  (> 1): with no SLO, a request is sent while its predicted TTFT on a replica stays within this many
+  times its TTFT there unloaded; `flow_control.solo_knee_factor`: the knee while at most one tenant is active
+  in the pool (the larger of the two applies then; set it to `knee_factor` for one knee throughout).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from policies.latency_admission import LatencySlo
 
 DEFAULT_KNEE_FACTOR = 1.25  # measured: docs/benchmarks.md, "Admission on predicted latency"
+DEFAULT_SOLO_KNEE_FACTOR = 1.5  # the same section: one tenant alone is not held below this
 
 
 class SloConfig(BaseModel):

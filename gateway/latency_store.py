@@ -5,15 +5,18 @@ is what scheduling reads). This glues them to the request path (gateway/proxy.py
 
 - `dispatch` at each attempt: the prediction for the replica tried, from the inputs of that moment
   (the fleet snapshot's in-flight counts and last scrape, the prefix the index believed it held);
-  its uncached tokens join the replica's pending-prefill ledger;
+  its uncached tokens join the replica's pending-prefill ledger (a non-streaming request's, with a
+  due time: the dispatch plus its predicted TTFT);
 - `first_token` when the first chunk of a stream is relayed: the ledger lets the tokens go, the
   TTFT (attempt start to first chunk) calibrates the replica's model when the prediction's inputs
   were fresh, and |predicted - actual| / actual goes to `kvgate_ttft_prediction_error_ratio`;
 - `ended` after the attempt, whatever happened: the ledger lets go of a request that never had a
   first token, and a stream's mean time per output token calibrates the decode model.
 
-A non-streaming answer has no first-token time: it leaves the ledger when it ends and calibrates
-nothing. The DES mode (loadtests/des/) calls the same three with virtual times.
+A non-streaming answer has no first-token time: it leaves the ledger when its prefill is predicted
+done (or when it ends, if sooner), so the latency gate does not count it as work ahead of the next
+request for its whole decode, and it calibrates nothing. The DES mode (loadtests/des/) calls the
+same three with virtual times.
 """
 
 from __future__ import annotations
@@ -34,9 +37,10 @@ class LatencyStore:
         self._children: dict[tuple[str, str], Any] = {}
         self.errors: list[float] | None = None  # when a list, every error ratio is appended (benchmarks)
 
-    def dispatch(self, ticket: Prediction) -> Prediction:
-        self.estimator.dispatched(ticket)
-        return ticket
+    def dispatch(self, ticket: Prediction, now: float | None = None) -> Prediction:
+        """Ticket `ticket` was sent; returns the ticket to keep. `now` (the dispatch's time, the
+        estimator's clock) when the answer will not stream: no first token will be reported."""
+        return self.estimator.dispatched(ticket, now)
 
     def first_token(self, ticket: Prediction, ttft_s: float) -> float | None:
         est = self.estimator

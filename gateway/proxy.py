@@ -229,7 +229,8 @@ class ProxyEndpoint:
             # are what the replica was believed to hold at the decision.
             live = gw.fleet.snapshot().by_name(r.name) or r
             ticket = gw.router.predict(info, live, match.get(r.name, 0), gw.clock())
-            attempt[:] = [latency.dispatch(ticket), time.perf_counter(), False]
+            ticket = latency.dispatch(ticket, None if req.stream else gw.clock())
+            attempt[:] = [ticket, time.perf_counter(), False]
             gw.fleet.dispatched(r.name, tokens)
             gw.router.dispatched(info, r.name)
             gw.metrics.dispatched_to(r.name)

@@ -46,6 +46,7 @@ HOT: Mapping[str, str] = {
     "flow_control.retry_after_fallback_s": "admission queue",
     "flow_control.predicted_admission": "admission queue (the latency gate, read at each decision)",
     "flow_control.knee_factor": "admission queue",
+    "flow_control.solo_knee_factor": "admission queue",
     "headroom": "read at each /metrics scrape and GET /admin/pools (the default mix: until a pool's first "
     "answer)",
 }

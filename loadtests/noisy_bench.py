@@ -2,13 +2,15 @@
 
     python -m loadtests.noisy_bench [--repeats 2] [--b-requests 40] [--slots 16]
         [--b-prompt-tokens 1024] [--output-jitter J] [--reserve R] [--no-flow-control]
-        [--predicted-admission {on,off}] [--knee-factor F] [--profile P] [--seed S] [--out FILE.json]
+        [--predicted-admission {on,off}] [--knee-factor F] [--profile P] [--no-stream] [--seed S]
+        [--out FILE.json]
 
 A simulated fleet (`kvgate sim`, 2 x llama-3-8b-h100 with 2,048 KV blocks, time scale 5, pinned
 apart as `kvgate bench` pins it) behind one `kvgate serve` with two tenants, A and B, of equal
 weight and band and no rate limits: what protects B is flow control alone (the saturation detector,
 the fair queue, deadlines and shedding). Random 1,024-token prompts (nothing cached), 64 output
-tokens (`--output-jitter J`: uniform in 64 x [1 - J, 1 + J]).
+tokens (`--output-jitter J`: uniform in 64 x [1 - J, 1 + J]). Streamed, or with `--no-stream` one
+JSON answer each: then there is no TTFT to report, and B's end-to-end latency stands in for it.
 
 1. Capacity: A alone, closed loop at the fleet's slots (2 x `--slots`), gives X requests/s.
 2. Solo: B alone, open loop at half its fair share (X / 4), `--b-requests` requests.
@@ -20,11 +22,13 @@ replica kept for tenants below their fair share (`flow_control.fair_share.reserv
 0 = plain work-conserving fair queuing); `--no-flow-control` turns the gateway's queue off, the
 reference for what fair queuing and shedding buy. `--predicted-admission on|off` sets
 `flow_control.predicted_admission` (default: kvgate's), `--knee-factor` its `knee_factor`,
-`--profile` the scheduling profile; the pool's latency prior is the simulator's profile at its
-time scale either way.
+`--solo-knee-factor` its `solo_knee_factor`, `--profile` the scheduling profile; the pool's latency
+prior is the simulator's profile at its time scale either way. `--b-late S` pauses S wall seconds
+before the contended phase and starts B S seconds after A in it: past the fair-share window (10 s),
+B arrives as a newcomer to a pool A had alone (B's first five contended TTFTs are reported).
 
 Reported per repeat: B's TTFT p50/p95/p99 solo and contended, the p95 ratio (issue #4 asks for
-<= 2x), B's and A's statuses, and A's goodput. Latencies are simulated seconds
+<= 2x), B's end-to-end p50/p95, B's and A's statuses, and A's goodput. Latencies are simulated seconds
 (wall / time scale); the bands' `max_wait_s` is wall time.
 """
 
@@ -37,6 +41,7 @@ import os
 import sys
 import tempfile
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -62,11 +67,14 @@ def gateway_config(
     predicted: bool | None = None,
     knee_factor: float | None = None,
     profile: str | None = None,
+    solo_knee_factor: float | None = None,
 ) -> dict[str, Any]:
     fair_share = {} if reserve is None else {"fair_share": {"reserve_per_replica": reserve}}
     gate: dict[str, Any] = {} if predicted is None else {"predicted_admission": predicted}
     if knee_factor is not None:
         gate["knee_factor"] = knee_factor
+    if solo_knee_factor is not None:
+        gate["solo_knee_factor"] = solo_knee_factor
     prior = {"profile": "llama-3-8b-h100", "time_scale": TIME_SCALE}
     routing = {} if profile is None else {"scheduling": {"profile": profile}}
     return {
@@ -91,11 +99,18 @@ def ttfts(traces: list[RequestTrace]) -> list[float]:
     return [(t.first_token - t.start) / TIME_SCALE for t in traces if t.ok and t.first_token is not None]
 
 
+def first_ttfts(result: RunResult, n: int) -> list[float | None]:
+    """Simulated TTFTs of the first `n` requests sent (None: failed or not streamed)."""
+    first = sorted(result.traces, key=lambda t: t.start)[:n]
+    return [(t.first_token - t.start) / TIME_SCALE if t.ok and t.first_token else None for t in first]
+
+
 def describe(result: RunResult) -> dict[str, Any]:
     xs = sorted(ttfts(result.traces))
+    e2e = sorted(t.e2e / TIME_SCALE for t in result.traces if t.ok)
 
-    def q(p: float) -> float | None:
-        return percentile(xs, p) if xs else None
+    def q(p: float, values: list[float] = xs) -> float | None:
+        return percentile(values, p) if values else None
 
     return {
         "requests": len(result.traces),
@@ -103,6 +118,8 @@ def describe(result: RunResult) -> dict[str, Any]:
         "ttft_p50_s": q(50),
         "ttft_p95_s": q(95),
         "ttft_p99_s": q(99),
+        "e2e_p50_s": q(50, e2e),
+        "e2e_p95_s": q(95, e2e),
         "ok_per_s": sum(t.ok for t in result.traces) / result.wall_s * TIME_SCALE,
     }
 
@@ -166,42 +183,58 @@ def queue_share(before: dict[str, float], after: dict[str, float]) -> dict[str, 
     }
 
 
-def workload(n: int, seed: int, prompt_tokens: int = 1024, output_jitter: float = 0.0) -> list[Any]:
-    return list(
-        RandomWorkload(
-            requests=n, prompt_tokens=prompt_tokens, output_tokens=64, model=MODEL, seed=seed,
-            output_jitter=output_jitter,
-        ).requests()
-    )  # fmt: skip
+def workload(
+    n: int, seed: int, prompt_tokens: int = 1024, output_jitter: float = 0.0, stream: bool = True
+) -> list[Any]:
+    specs = RandomWorkload(
+        requests=n, prompt_tokens=prompt_tokens, output_tokens=64, model=MODEL, seed=seed,
+        output_jitter=output_jitter,
+    ).requests()  # fmt: skip
+    if stream:
+        return list(specs)
+    return [replace(s, body={**_unstreamed(s.body), "stream": False}) for s in specs]
+
+
+def _unstreamed(body: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in body.items() if k != "stream_options"}
 
 
 async def one_repeat(
     url: str, replica_urls: list[str], args: argparse.Namespace, seed: int
 ) -> dict[str, Any]:
     slots, b_requests, b_prompt = args.slots, args.b_requests, args.b_prompt_tokens
-    oj = args.output_jitter
+    oj, st = args.output_jitter, not args.no_stream
     auth = {name: {"authorization": f"Bearer {key}"} for name, key in KEYS.items()}
     cap_n = 6 * slots
     cap_cfg = LoadConfig(concurrency=2 * slots, max_requests=cap_n, headers=auth["A"])
-    capacity = await run_load(url, workload(cap_n, seed, output_jitter=oj), cap_cfg)
+    capacity = await run_load(url, workload(cap_n, seed, output_jitter=oj, stream=st), cap_cfg)
     x = describe(capacity)["ok_per_s"]  # simulated requests/s
     b_rate, a_rate = x / 4, 5 * x
     b_cfg = LoadConfig(rate=b_rate / TIME_SCALE, max_requests=b_requests, duration_s=1e6, headers=auth["B"])
-    solo = await run_load(url, workload(b_requests, seed + 1, b_prompt, oj), b_cfg)
+    solo = await run_load(url, workload(b_requests, seed + 1, b_prompt, oj, st), b_cfg)
     b_window_wall = b_requests / (b_rate / TIME_SCALE)
-    a_n = int(a_rate / TIME_SCALE * b_window_wall * 1.2)
+    late = args.b_late
+    a_n = int(a_rate / TIME_SCALE * (b_window_wall + late) * 1.2)
     a_cfg = LoadConfig(
-        rate=a_rate / TIME_SCALE, max_requests=a_n, duration_s=b_window_wall * 1.1, headers=auth["A"]
+        rate=a_rate / TIME_SCALE, max_requests=a_n, duration_s=b_window_wall * 1.1 + late, headers=auth["A"]
     )
+    if late:
+        await asyncio.sleep(late)  # B's fair-share window passes: it arrives as a newcomer
+
+    async def b_load() -> RunResult:
+        await asyncio.sleep(late)  # A alone first
+        return await run_load(url, workload(b_requests, seed + 3, b_prompt, oj, st), b_cfg)
+
     before, b_before = await engine_sums(replica_urls), await tenant_queue(url, "B")
     noisy, contended = await asyncio.gather(
-        run_load(url, workload(a_n, seed + 2, output_jitter=oj), a_cfg),
-        run_load(url, workload(b_requests, seed + 3, b_prompt, oj), b_cfg),
+        run_load(url, workload(a_n, seed + 2, output_jitter=oj, stream=st), a_cfg),
+        b_load(),
     )
     engine = engine_means(before, await engine_sums(replica_urls))
     b_queue = queue_share(b_before, await tenant_queue(url, "B"))
     s, c = describe(solo), describe(contended)
     ratio = c["ttft_p95_s"] / s["ttft_p95_s"] if s["ttft_p95_s"] and c["ttft_p95_s"] else None
+    e2e_ratio = c["e2e_p95_s"] / s["e2e_p95_s"] if s["e2e_p95_s"] and c["e2e_p95_s"] else None
     return {
         "capacity_rps": x,
         "b_rate_rps": b_rate,
@@ -209,6 +242,8 @@ async def one_repeat(
         "b_solo": s,
         "b_contended": c,
         "b_p95_ratio": ratio,
+        "b_first5_ttft_s": first_ttfts(contended, 5),
+        "b_e2e_p95_ratio": e2e_ratio,
         "a": describe(noisy),
         "engine_contended": engine,
         "b_queue_contended": b_queue,
@@ -230,6 +265,9 @@ def report(k: int, r: dict[str, Any]) -> str:
         f"A at {r['a_rate_rps']:.1f}/s\n"
         f"  B TTFT p50/p95/p99 solo {ms(s)} ms, contended {ms(c)} ms: p95 ratio "
         f"{fmt(r['b_p95_ratio'])}; B statuses {c['statuses']}\n"
+        f"  B's first 5 contended TTFTs {', '.join(fmt(v, 1e3) for v in r['b_first5_ttft_s'])} ms\n"
+        f"  B end-to-end p50/p95 solo {fmt(s['e2e_p50_s'], 1e3)}/{fmt(s['e2e_p95_s'], 1e3)} ms, contended "
+        f"{fmt(c['e2e_p50_s'], 1e3)}/{fmt(c['e2e_p95_s'], 1e3)} ms: p95 ratio {fmt(r['b_e2e_p95_ratio'])}\n"
         f"  A: {a['requests']} requests, statuses {a['statuses']}, served {a['ok_per_s']:.1f} req/s, "
         f"TTFT p50 {fmt(a['ttft_p50_s'], 1e3)} ms\n"
         f"  engines while contended (A and B): mean TTFT {fmt(e['time_to_first_token_mean_s'], 1e3)} ms, "
@@ -253,7 +291,7 @@ async def run(args: argparse.Namespace) -> list[dict[str, Any]]:
             predicted = None if args.predicted_admission is None else args.predicted_admission == "on"
             cfg = gateway_config(
                 sim.urls, args.slots, not args.no_flow_control, args.reserve, predicted, args.knee_factor,
-                args.profile,
+                args.profile, args.solo_knee_factor,
             )  # fmt: skip
             async with GatewayProcess(cfg, logs / "gateway.yaml", layout.gateway_cpus, logs / "gw.log") as gw:
                 for k in range(args.repeats):
@@ -285,7 +323,14 @@ def main(argv: list[str] | None = None) -> int:
         "--predicted-admission", choices=("on", "off"), help="the latency gate (default: kvgate's)"
     )
     p.add_argument("--knee-factor", type=float, help="flow_control.knee_factor (default: kvgate's)")
+    p.add_argument("--solo-knee-factor", type=float, help="flow_control.solo_knee_factor (default: kvgate's)")
     p.add_argument("--profile", help="scheduling.profile (default: kvgate's)")
+    p.add_argument("--no-stream", action="store_true", help="non-streaming requests (one JSON answer each)")
+    p.add_argument(
+        "--b-late", type=float, default=0.0,
+        help="wall seconds of pause before the contended phase and of A alone before B starts in it "
+        "(more than the fair-share window, 10 s: B arrives as a newcomer to a pool A had alone)",
+    )  # fmt: skip
     p.add_argument("--seed", type=int, default=0, help="the first repeat's seed (then +100 per repeat)")
     p.add_argument("--out", help="write the figures as JSON")
     p.add_argument("--no-pin", action="store_true")

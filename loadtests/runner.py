@@ -14,9 +14,10 @@ it as soon as the session is free.
 One aiohttp `ClientSession` carries every request, with a connection limit of at least the concurrency
 (aiohttp sets TCP_NODELAY on every connection it opens: `aiohttp.base_protocol`, checked by the tests).
 Streams are read by `loadtests.sse_stream.SseStream`: content-chunk arrival times, usage, error
-events, `[DONE]`; chunks that arrive in one network read share its timestamp. Errors are classified
-in each trace (HTTP status, error event, broken connection, timeout, stream without `[DONE]`), and the
-`x-kvgate-replica` response header is kept when present.
+events, `[DONE]`; chunks that arrive in one network read share its timestamp. A request whose body
+says `"stream": false` gets one JSON answer: its usage is read, and its trace has no first token.
+Errors are classified in each trace (HTTP status, error event, broken connection, timeout, stream
+without `[DONE]`), and the `x-kvgate-replica` response header is kept when present.
 
 The generator measures its own CPU with `time.thread_time()` over the run: the CPU of the thread whose
 event loop runs it. A server sharing that loop is counted too; run the fleet or gateway in another
@@ -388,6 +389,9 @@ class _Run:
                 replica = resp.headers.get(REPLICA_HEADER)
                 if status != 200:
                     error = f"http: {status} {_error_message(await resp.read())}"
+                elif spec.body.get("stream") is False:  # one JSON answer: usage, no chunk times
+                    stream.whole(await resp.read())
+                    error = stream.error
                 else:
                     await stream.consume(resp.content)
                     error = stream.error

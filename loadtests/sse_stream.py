@@ -59,6 +59,21 @@ class SseStream:
             self.feed(data, perf_counter())
         self.finish(perf_counter())
 
+    def whole(self, body: bytes) -> None:
+        """Read a non-streaming answer (one JSON body, `"stream": false`): its usage, or an error.
+        It has no chunk times (no first token to time); it counts as done."""
+        try:
+            answer = orjson.loads(body)
+        except orjson.JSONDecodeError:
+            self.error = f"stream-error: malformed answer {body[:80]!r}"
+            return
+        if isinstance(answer, dict) and "error" in answer:
+            self.error = f"stream-error: {error_message(answer['error'])}"
+            return
+        self.done = True
+        if isinstance(answer, dict) and answer.get("usage"):
+            self._chunk({"usage": answer["usage"]}, 0.0)
+
     def feed(self, data: bytes, now: float) -> None:
         """Take the next bytes of the body, received at `now`."""
         buf = self._buf + data

@@ -81,6 +81,18 @@ class FairShare:
         self._in_flight -= 1
         t.last_seen = max(t.last_seen, now)
 
+    def alone(self, now: float, queued: Callable[[str], int]) -> bool:
+        """Whether at most one tenant is active in the pool (the module docstring's "active"): then
+        the fair queue has nobody to choose between."""
+        horizon = now - self.window_s
+        active = 0
+        for name, t in self._tenants.items():
+            if t.in_flight > 0 or t.last_seen >= horizon or queued(name) > 0:
+                active += 1
+                if active > 1:
+                    return False
+        return True
+
     def below_share(self, tenant: str, room: int, now: float, queued: Callable[[str], int]) -> bool:
         """May `tenant` take one of the pool's reserved slots? (`room` >= 1: what the pool can take
         now; `queued(name)`: that tenant's requests waiting in the pool's queue.)"""

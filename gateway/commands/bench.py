@@ -128,6 +128,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "gateway's scheduling.session_header); default: no header",
     )
     p.add_argument("--knee-factor", type=float, default=None, help="the gateway's flow_control.knee_factor")
+    p.add_argument(
+        "--solo-knee-factor", type=float, default=None, help="the gateway's flow_control.solo_knee_factor"
+    )
     p.add_argument("--no-pin", action="store_true", help="do not pin processes to CPUs")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--des", action="store_true",
@@ -211,6 +214,8 @@ def resolve(args: argparse.Namespace) -> tuple[Any, Any]:
         flow["predicted_admission"] = args.predicted_admission == "on"
     if args.knee_factor is not None:
         flow["knee_factor"] = args.knee_factor
+    if args.solo_knee_factor is not None:
+        flow["solo_knee_factor"] = args.solo_knee_factor
     if flow:
         changes["flow_control"] = flow
     profiles = dict(preset.profiles)

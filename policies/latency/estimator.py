@@ -15,7 +15,7 @@ single-threaded: the caller passes `now` and owns the instance.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import MappingProxyType
 
 from policies.latency.prior import LatencyPrior
@@ -37,6 +37,7 @@ class Prediction:
     tpot_s: float
     fresh: bool  # the replica's scrape was fresh at dispatch: observations may calibrate
     at: float | None = None  # when predicted (the caller's `now`): dates the dispatch in the ledger
+    due_at: float | None = None  # no first token will come back: the ledger lets it go at this time
 
 
 class LatencyEstimator:
@@ -95,8 +96,9 @@ class LatencyEstimator:
         model = self._models.get(state.name) or self.model(state.name, state.pool)
         fresh = state.scraped_at is not None and now - state.scraped_at <= stale_after_s
         batch = model.batch_kv_tokens(state, fresh)
+        ahead = model.tokens_ahead(state, fresh, now)  # first: lets what is due leave the ledger
         wait = model.wait_s(batch, now, model.in_step_tokens(state, fresh))
-        return model.ttft_s(model.tokens_ahead(state, fresh), uncached, batch, wait)
+        return model.ttft_s(ahead, uncached, batch, wait)
 
     def unloaded_ttft_s(self, state: ReplicaState, uncached: int) -> float:
         """Predicted TTFT of a request with `uncached` tokens to prefill on `state`'s replica with
@@ -146,7 +148,7 @@ class LatencyEstimator:
         """The ticket for a dispatch to `state`'s replica (pass it to `dispatched`)."""
         model = self.model(state.name, state.pool)
         fresh = state.scraped_at is not None and now - state.scraped_at <= stale_after_s
-        ahead = model.tokens_ahead(state, fresh)
+        ahead = model.tokens_ahead(state, fresh, now)
         batch = model.batch_kv_tokens(state, fresh)
         wait = model.wait_s(batch, now, model.in_step_tokens(state, fresh))
         return Prediction(
@@ -162,16 +164,22 @@ class LatencyEstimator:
             at=now,
         )
 
-    def dispatched(self, p: Prediction) -> None:
-        """The request of ticket `p` was sent: its uncached tokens are ahead of later ones there."""
-        self.model(p.replica, p.pool).dispatched(p.uncached_tokens, p.at)
+    def dispatched(self, p: Prediction, now: float | None = None) -> Prediction:
+        """The request of ticket `p` was sent: its uncached tokens are ahead of later ones there.
+        Returns the ticket to keep. `now` (the dispatch's time) for a request that will report no
+        first token (a non-streaming answer): its tokens then leave the ledger by themselves at
+        `now + p.ttft_s`, when its prefill is predicted done (the returned ticket's `due_at`)."""
+        if now is not None:
+            p = replace(p, due_at=now + p.ttft_s)
+        self.model(p.replica, p.pool).dispatched(p.uncached_tokens, p.at, p.due_at)
+        return p
 
     def prefilled(self, p: Prediction) -> None:
-        """Ticket `p`'s request got its first token, or ended without one: no longer ahead of others.
-        Call exactly once per `dispatched`."""
+        """Ticket `p`'s request got its first token, or ended without one: no longer ahead of others
+        (a ticket with `due_at` may have left already). Call exactly once per `dispatched`."""
         model = self._models.get(p.replica)
         if model is not None:
-            model.prefilled(p.uncached_tokens, p.at)
+            model.prefilled(p.uncached_tokens, p.at, p.due_at)
 
     def observe_ttft(self, p: Prediction, ttft_s: float) -> float | None:
         """Ticket `p`'s request's first token came `ttft_s` after dispatch. Calibrates when `p`'s inputs

@@ -24,6 +24,9 @@ and a prefill that ends in a step has its first token at the step's end.
   then what kvgate sent before the step under way may be waiting instead, so nothing is taken as
   under way. Two signs of it: a fresh scrape shows requests waiting, or the oldest request of the
   ledger was sent before the previous step began, fits one step and still has no first token.
+- A request that will report no first token (a non-streaming answer) is dispatched with a due
+  time, its dispatch plus its predicted TTFT, and leaves the ledger by itself then: the ledger is
+  read against `now`, and what is due is dropped at that read.
 
 TPOT = c + d x (KV tokens the running batch reads per step) / 100,000, the batch's context taken from
 kvgate's in-flight tokens (prompt + output cap of what it sent), scaled up when a fresh scrape shows
@@ -35,6 +38,7 @@ inputs that were predicted at dispatch.
 
 from __future__ import annotations
 
+import heapq
 from collections import deque
 
 from policies.latency.prior import LatencyPrior
@@ -47,13 +51,14 @@ _MEAN_WEIGHT = 0.1  # EWMA weight of one dispatch in the mean uncached prompt
 # Chunks closer together than this share of an unloaded decode step are one step's (its tokens reach
 # kvgate together, one chunk per stream).
 _SAME_STEP = 0.3
+_NOT_TOLD = float("-inf")  # a due entry's dispatch time when the caller did not give one
 
 
 class ReplicaLatencyModel:
     """Mutable per-replica state: two fits, the pending-prefill ledger and a mean uncached prompt."""
 
     __slots__ = (
-        "_in_step", "_ledger", "_split_key", "_version", "last_step_at", "mean_uncached",
+        "_in_step", "_ledger", "_split_key", "_version", "due", "last_step_at", "mean_uncached",
         "pending_requests", "pending_tokens", "prev_step_at", "prior", "tpot", "ttft",
     )  # fmt: skip
 
@@ -71,6 +76,9 @@ class ReplicaLatencyModel:
         self._version = 0  # bumped by every ledger change: `in_step_tokens` is cached against it
         self._split_key: tuple[float | None, int] = (None, -1)
         self._in_step = 0.0
+        # (due time, uncached tokens, dispatched at or -inf) of the ledger's entries that leave by
+        # themselves (a min-heap)
+        self.due: list[tuple[float, int, float]] = []
 
     # -- inputs ---------------------------------------------------------------------------------
 
@@ -118,7 +126,10 @@ class ReplicaLatencyModel:
         self.prev_step_at = last
         self.last_step_at = at
 
-    def tokens_ahead(self, state: ReplicaState, fresh: bool) -> float:
+    def tokens_ahead(self, state: ReplicaState, fresh: bool, now: float) -> float:
+        due = self.due
+        if due and due[0][0] <= now:
+            self.expire(now)
         own = self.pending_tokens - self.in_step_tokens(state, fresh)
         if fresh and state.waiting:
             scraped = state.waiting * self.mean_uncached
@@ -164,6 +175,9 @@ class ReplicaLatencyModel:
             per_request = batch / state.in_flight if state.in_flight else self.mean_uncached
             batch += (state.running - state.in_flight) * per_request
         # tokens_ahead
+        due = self.due
+        if due and due[0][0] <= now:
+            self.expire(now)
         in_step = self.in_step_tokens(state, fresh)
         ahead = self.pending_tokens - in_step
         if fresh and state.waiting:
@@ -194,9 +208,12 @@ class ReplicaLatencyModel:
 
     # -- the ledger and calibration ---------------------------------------------------------------
 
-    def dispatched(self, uncached: int, at: float | None = None) -> None:
+    def dispatched(self, uncached: int, at: float | None = None, due_at: float | None = None) -> None:
         """A request with `uncached` tokens to prefill was sent at `at` (the caller's clock; None:
-        not told, and then it is never taken as under way)."""
+        not told, and then it is never taken as under way). With `due_at` it will report no first
+        token: it leaves the ledger by itself at `due_at` (or at `prefilled`, if sooner)."""
+        if due_at is not None:
+            heapq.heappush(self.due, (due_at, uncached, _NOT_TOLD if at is None else at))
         self.pending_tokens += uncached
         self.pending_requests += 1
         self._ledger.append((at, uncached))
@@ -206,9 +223,26 @@ class ReplicaLatencyModel:
         else:  # the first dispatch here (or only cached ones so far): no 0 to average away
             self.mean_uncached = float(uncached)
 
-    def prefilled(self, uncached: int, at: float | None = None) -> None:
-        """A request counted by `dispatched(uncached, at)` got its first token (or ended without one).
-        A caller that does not give `at` lets go of the oldest request of that size."""
+    def prefilled(self, uncached: int, at: float | None = None, due_at: float | None = None) -> None:
+        """A request counted by `dispatched(uncached, at, due_at)` got its first token (or ended
+        without one): it leaves the ledger, unless it was due and a read has let it go already. A
+        caller that does not give `at` lets go of the oldest request of that size."""
+        if due_at is not None:
+            try:  # any entry alike is the same to the ledger
+                self.due.remove((due_at, uncached, _NOT_TOLD if at is None else at))
+            except ValueError:
+                return  # it was due: gone already
+            heapq.heapify(self.due)
+        self._release(uncached, at)
+
+    def expire(self, now: float) -> None:
+        """Drop the ledger's entries due by `now` (their prefill is predicted done)."""
+        due = self.due
+        while due and due[0][0] <= now:
+            _, uncached, at = heapq.heappop(due)
+            self._release(uncached, None if at == _NOT_TOLD else at)
+
+    def _release(self, uncached: int, at: float | None) -> None:
         self.pending_requests = max(self.pending_requests - 1, 0)
         left = self.pending_tokens - uncached
         self.pending_tokens = left if left > 0 and self.pending_requests else 0

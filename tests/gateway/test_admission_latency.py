@@ -67,6 +67,13 @@ class Harness:
         self.tickets.append((tenant, ticket))
         return path
 
+    def finish_oldest(self) -> None:
+        """The oldest request got its first token and ended (its slot and tenant's share back)."""
+        tenant, ticket = self.tickets.pop(0)
+        self.est.prefilled(ticket)
+        self.fleet.finished("a", ticket.uncached_tokens + 64)
+        self.adm.leave(POOL, tenant)
+
     def first_token(self) -> None:
         """The oldest request still prefilling got its first token."""
         _, ticket = self.tickets.pop(0)
@@ -164,6 +171,31 @@ async def test_a_light_tenant_below_its_share_is_never_held_or_shed_for_a_heavy_
         await h.request("A-shed", tenant="A", band=Band.SHEDDABLE)
     for t in held:
         t.cancel()
+
+
+async def test_a_tenant_alone_is_held_to_the_solo_knee_and_two_tenants_to_the_knee() -> None:
+    # 200 tokens (5.5 ms) ahead of a 1,000-token prompt (25.5 ms unloaded), with half a decode step
+    # under way: ~34 ms predicted, 1.34 x unloaded. Over knee_factor 1.25, under solo_knee_factor 1.5.
+    alone = Harness()
+    assert await alone.request("small", prompt=200) == "direct"
+    assert await alone.request("big") == "direct"
+    # The same, while another tenant is active (seen within the fair-share window, holding nothing):
+    # the fair queue has someone to choose between, and the knee is knee_factor.
+    two = Harness()
+    assert await two.request("u0", tenant="u", prompt=200) == "direct"
+    two.finish_oldest()
+    assert await two.request("small", prompt=200) == "direct"
+    held = asyncio.ensure_future(two.request("big"))
+    await settle_loop()
+    assert two.started == ["u0", "small"] and two.adm.depth == 1
+    held.cancel()
+    # solo_knee_factor at knee_factor: one knee throughout, the tenant alone is held as well.
+    one_knee = Harness(solo_knee_factor=1.25)
+    assert await one_knee.request("small", prompt=200) == "direct"
+    held = asyncio.ensure_future(one_knee.request("big"))
+    await settle_loop()
+    assert one_knee.started == ["small"]
+    held.cancel()
 
 
 async def test_the_saturation_thresholds_stay_hard_caps() -> None:

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from gateway.config import ConfigError, parse_config
-from gateway.config_slo import DEFAULT_KNEE_FACTOR
+from gateway.config_slo import DEFAULT_KNEE_FACTOR, DEFAULT_SOLO_KNEE_FACTOR
 from gateway.errors import GatewayError
 from gateway.fleet.metrics_parse import ReplicaMetrics
 from gateway.fleet.state import FleetState
@@ -25,6 +25,8 @@ REPLICAS = [{"url": "http://r:1", "model": "m", "name": "r"}]
 def test_defaults() -> None:
     fc = parse_config({}).flow_control
     assert fc.knee_factor == DEFAULT_KNEE_FACTOR
+    assert fc.solo_knee_factor == DEFAULT_SOLO_KNEE_FACTOR
+    assert fc.predicted_admission  # on by default (docs/benchmarks.md, "Admission on predicted latency")
     assert fc.bands["standard"].ttft_slo_s is None and fc.bands["standard"].tpot_slo_s is None
 
 
@@ -51,6 +53,8 @@ def test_slos_parse_into_the_tenant_policy() -> None:
         {"knee_factor": 0.5},
         {"knee_factor": "inf"},
         {"knee_factor": 1000},
+        {"solo_knee_factor": 1.0},
+        {"solo_knee_factor": "nan"},
         {"predicted_admission": "maybe"},
         {"bands": {"standard": {"max_wait_s": 1, "ttft_slo_s": 0}}},
         {"bands": {"standard": {"max_wait_s": 1, "tpot_slo_s": -0.1}}},

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
+from simulator.engine import StepResult
 from tests.gateway.stack import MODEL, chat, metric_value, stack
 
 PROMPT = "Summarise the quarterly ledger for the accounts team, line by line. " * 30
@@ -56,3 +57,37 @@ async def test_a_non_streaming_answer_leaves_the_ledger_without_calibrating() ->
         m = s.gateway.router.latency.models()["r0"]
         assert (m.pending_requests, m.pending_tokens, m.ttft.observations) == (0, 0, 0)
         assert await metric_value(s.client, "kvgate_ttft_prediction_error_ratio_count") == 0
+
+
+async def test_the_latency_gate_does_not_serialise_non_streaming_answers() -> None:
+    """A non-streaming answer reports no first token: its prefill leaves the ledger when it is
+    predicted done, so the gate lets the next request in while it decodes (before, the gate held one
+    replica to one such request at a time: its prefill counted as ahead of the next until it ended)."""
+    config = {
+        "models": [{"name": MODEL, "latency_prior": {"profile": "tiny", "time_scale": 4.0}}],
+        "flow_control": {
+            "predicted_admission": True,
+            "saturation": {"max_in_flight_per_replica": 16, "max_waiting_per_replica": 8},
+        },
+    }
+    async with stack(replicas=1, time_scale=4.0, config=config) as s:
+        engine = s.fleet.replica(0).engine
+        step = engine.step
+        decoding: list[int] = []  # requests that decoded a token, per engine step
+
+        def counted_step(now: float) -> StepResult:
+            result = step(now)
+            decoding.append(result.num_decode_seqs)
+            return result
+
+        engine.step = counted_step  # type: ignore[method-assign]
+        n = 6
+        bodies = [chat(f"Request {i}: {PROMPT}", max_tokens=48) for i in range(n)]  # nothing shared
+        answers = await asyncio.gather(*(s.client.post("/v1/chat/completions", json=b) for b in bodies))
+        assert [r.status_code for r in answers] == [200] * n
+        # Decodes overlapped at the replica: most of the six were in its batch at once.
+        assert max(decoding) >= n // 2
+        queued = await metric_value(s.client, "kvgate_admissions_total", {"path": "queued"})
+        assert queued > 0  # the gate did hold some: it is on, and the prefills were spaced out
+        m = s.gateway.router.latency.models()["r0"]
+        assert (m.pending_requests, m.pending_tokens, m.ttft.observations) == (0, 0, 0)

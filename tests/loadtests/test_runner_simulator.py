@@ -4,9 +4,11 @@ takes, with real SSE framing, real usage and real `/metrics` counters."""
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from dataclasses import replace
 
 import pytest
 
+from loadtests import noisy_bench
 from loadtests.measures import fleet_delta
 from loadtests.runner import LoadConfig, open_session, run_load, scrape_counters
 from loadtests.workloads import MultiTurnWorkload, RandomWorkload, SharedPrefixWorkload
@@ -98,3 +100,15 @@ async def test_bounded_by_wall_time_against_the_simulator(fleet: SimFleet) -> No
     run = await run_load(url, work.requests(), config)
     assert 0 < run.sent < 100_000 and len(run.traces) == run.sent
     assert max(t.start for t in run.traces) <= run.started + config.duration_s
+
+
+async def test_non_streaming_answers_are_read_whole(fleet: SimFleet) -> None:
+    work = noisy_bench.workload(6, seed=2, prompt_tokens=64, stream=False)
+    assert all(s.body["stream"] is False and "stream_options" not in s.body for s in work)
+    work = [replace(s, body={**s.body, "model": MODEL}) for s in work]
+    run = await run_load(fleet.urls[0], work, LoadConfig(concurrency=3, duration_s=30))
+    assert len(run.traces) == 6
+    for t in run.traces:
+        assert t.ok, t.error
+        assert t.first_token is None and t.chunk_times == []  # no first token to time
+        assert t.output_tokens == 64 and t.prompt_tokens is not None and t.prompt_tokens >= 64

@@ -122,3 +122,18 @@ def test_error_message() -> None:
     assert error_message({"message": "m", "code": 400}) == "m"
     assert error_message("plain") == "plain"
     assert len(error_message("x" * 1000)) == 200
+
+
+def test_a_whole_answer_gives_its_usage_and_no_chunk_times() -> None:
+    s = SseStream()
+    usage = b'"usage": {"prompt_tokens": 9, "completion_tokens": 4, '
+    usage += b'"prompt_tokens_details": {"cached_tokens": 3}}'
+    s.whole(b'{"choices": [{"message": {"content": "hi there"}}], ' + usage + b"}")
+    assert s.done and s.error is None and s.chunk_times == []
+    assert (s.prompt_tokens, s.completion_tokens, s.cached_tokens) == (9, 4, 3)
+    bad = SseStream()
+    bad.whole(b"<html>")
+    assert bad.error is not None and bad.error.startswith("stream-error: malformed") and not bad.done
+    err = SseStream()
+    err.whole(b'{"error": {"message": "boom"}}')
+    assert err.error == "stream-error: boom"

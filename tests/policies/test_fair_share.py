@@ -22,6 +22,19 @@ def test_a_tenant_alone_may_fill_the_pool() -> None:
     assert not fs.below_share("a", room=0, now=0.0, queued=none_queued)
 
 
+def test_alone_while_at_most_one_tenant_is_active() -> None:
+    fs = FairShare(window_s=10.0)
+    assert fs.alone(now=0.0, queued=none_queued)  # nobody
+    fs.started("a", 1.0, now=0.0)
+    assert fs.alone(now=0.0, queued=none_queued)
+    fs.started("b", 1.0, now=1.0)
+    fs.ended("b", now=2.0)
+    assert not fs.alone(now=11.9, queued=none_queued)  # b holds nothing but was seen within the window
+    assert fs.alone(now=12.1, queued=none_queued)  # b's window has passed
+    fs.seen("c", 1.0, now=0.0)
+    assert not fs.alone(now=30.0, queued=lambda t: 1 if t == "c" else 0)  # c waits in the queue
+
+
 def test_the_heavy_tenant_is_held_back_while_a_light_one_is_active() -> None:
     fs = FairShare(window_s=10.0)
     for _ in range(30):

@@ -108,9 +108,9 @@ def test_a_dispatch_not_dated_is_never_under_way() -> None:
     model.dispatched(4000)  # no time given: as the model was before dispatches were dated
     model.last_step_at = NOW
     assert model.in_step_tokens(state(), True) == 0
-    assert model.tokens_ahead(state(), True) == 4000
+    assert model.tokens_ahead(state(), True, NOW) == 4000
     model.prefilled(4000)
-    assert model.tokens_ahead(state(), True) == 0
+    assert model.tokens_ahead(state(), True, NOW) == 0
 
 
 @pytest.mark.parametrize("work_weight", [0.0, 1.0])
@@ -184,4 +184,18 @@ def test_letting_go_without_the_dispatch_time_keeps_the_ledger_consistent() -> N
     assert model.in_step_tokens(state(), True) == 1000
     model.prefilled(777)  # a size never sent: the counts still drop, and the ledger follows them
     assert model.pending_requests == 0 and model.in_step_tokens(state(), True) == 0
-    assert model.tokens_ahead(state(), True) == 0
+    assert model.tokens_ahead(state(), True, NOW) == 0
+
+
+def test_a_due_request_leaves_both_the_counts_and_the_dated_ledger() -> None:
+    # A non-streaming request (due at its predicted TTFT) dispatched before the step under way: it is
+    # under way until it is due, then it leaves the counts and the dated ledger together.
+    model = ReplicaLatencyModel(LatencyPrior())
+    model.dispatched(1000, NOW - 0.2, NOW + 1.0)
+    model.dispatched(500, NOW - 0.1)
+    model.last_step_at = NOW
+    assert model.in_step_tokens(state(), True) == 1500
+    assert model.tokens_ahead(state(), True, NOW + 1.5) == 0  # what is left is under way
+    assert model.pending_requests == 1 and model.in_step_tokens(state(), True) == 500
+    model.prefilled(1000, NOW - 0.2, NOW + 1.0)  # its end, after it was due: nothing more leaves
+    assert model.pending_requests == 1 and model.pending_tokens == 500

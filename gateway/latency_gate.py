@@ -1,0 +1,88 @@
+"""The latency gate's side of flow control (`flow_control.predicted_admission`): how many requests like
+the next one a pool's replicas can take by what they would cost in time, and the SLOs that apply.
+
+The rule is pure (policies/latency_admission); this reads the fleet snapshot and the latency model
+(`policies.latency`) for it, per replica still under today's saturation thresholds (hard caps):
+the next request's predicted TTFT there must stay within the knee x its unloaded TTFT there, or the
+tightest TTFT SLO (band, tenant, `x-kvgate-ttft-slo-ms`). Its whole prompt is priced: the prefix
+match is not known before routing.
+
+The knee is `knee_factor` while several tenants are active in the pool, and `solo_knee_factor` (if
+larger) while at most one is: then the fair queue has nobody to choose between, and holding the
+engine to one prefill at a time only costs that tenant throughput (measured: docs/benchmarks.md,
+"Admission on predicted latency"). A tenant that arrives finds at most that much work ahead of it,
+and from then on the pool is held to `knee_factor`. The caller (gateway/admission.py) decides who is
+alone (policies/fair_share: active tenants).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from gateway.config import FlowControlConfig
+from policies.latency.estimator import LatencyEstimator
+from policies.latency_admission import LatencySlo, excess_s, replica_room
+from policies.saturation import SaturationThresholds, replica_headroom
+from policies.types import Band, ReplicaState
+
+
+def _band_slos(cfg: FlowControlConfig) -> dict[Band, LatencySlo]:
+    out = dict.fromkeys(Band, LatencySlo())
+    for name, band in cfg.bands.items():
+        out[Band.parse(name)] = LatencySlo(band.ttft_slo_s, band.tpot_slo_s)
+    return out
+
+
+class LatencyGate:
+    """One per `AdmissionQueue`. `latency`: the router's estimator (None: the gate is never on)."""
+
+    def __init__(self, cfg: FlowControlConfig, latency: LatencyEstimator | None) -> None:
+        self._latency = latency
+        self._cfg = cfg
+        self._band_slo = _band_slos(cfg)
+
+    def reconfigure(self, cfg: FlowControlConfig) -> None:
+        self._cfg = cfg
+        self._band_slo = _band_slos(cfg)
+
+    @property
+    def on(self) -> bool:
+        return self._latency is not None and self._cfg.predicted_admission
+
+    def slo(self, band: Band, slo: LatencySlo) -> LatencySlo:
+        """`slo` (the tenant's and the request's) tightened by the band's."""
+        return self._band_slo[band].tighten(slo)
+
+    def knee(self, alone: bool) -> float:
+        cfg = self._cfg
+        return max(cfg.knee_factor, cfg.solo_knee_factor) if alone else cfg.knee_factor
+
+    def room(
+        self,
+        replicas: Sequence[ReplicaState],
+        indexes: Sequence[int],
+        thr: SaturationThresholds,
+        now: float,
+        prompt_tokens: int,
+        slo: LatencySlo,
+        alone: bool,
+    ) -> tuple[int, float]:
+        """Requests like this one (`prompt_tokens`, `slo`) the replicas at `indexes` can take by the
+        gate; and the least predicted drain (seconds) before one of them would take it."""
+        est = self._latency
+        assert est is not None
+        stale, knee = thr.stale_after_s, self.knee(alone)
+        tokens = max(0, prompt_tokens)
+        room = 0
+        drain = math.inf
+        for i in indexes:
+            r = replicas[i]
+            if replica_headroom(r, thr, now) <= 0:
+                continue
+            predicted = est.ttft_s(r, tokens, now, stale)
+            unloaded = est.unloaded_ttft_s(r, tokens)
+            tpot = est.tpot_s(r, now, stale) if slo.tpot_s is not None else 0.0
+            room += replica_room(predicted, unloaded, est.prefill_s(r, tokens), knee, slo, tpot)
+            drain = min(drain, excess_s(predicted, unloaded, knee, slo))
+        return room, drain
