@@ -161,10 +161,11 @@ def gateway_config(
             }
         },
     }
-    if preset.flow_control:  # the latency gate's settings, judged against the profile's prior
+    # The simulated fleet's own speed is the pool's latency prior: the latency gate (on by default)
+    # and the predicted-latency profile start from it instead of the generic default prior.
+    config["models"][0]["latency_prior"] = {"profile": preset.fleet.profile, "time_scale": scale}
+    if preset.flow_control:  # the latency gate's settings
         config["flow_control"].update(preset.flow_control)
-        prior = {"profile": preset.fleet.profile, "time_scale": scale}
-        config["models"][0]["latency_prior"] = prior
     if preset.profiles:
         config["scheduling"]["profiles"] = {name: dict(spec) for name, spec in preset.profiles.items()}
     if isinstance(workload, NoisyNeighbourWorkload):

@@ -461,8 +461,7 @@ _PRESETS: dict[str, BenchPreset] = {
         warmup_requests=32,
         max_duration_s=120.0,
         gateway_tokenizer="sim",
-        # Either value gives the pool the simulator profile's latency prior at the time scale (the
-        # predicted-latency profile's model starts from the fleet's real speed); the gate stays off.
+        # The gate stays off: the routing profiles are compared, not admission.
         flow_control={"predicted_admission": False},
     ),
     "tiny": BenchPreset(

@@ -115,8 +115,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--predicted-admission",
         choices=("on", "off"),
         default=None,
-        help="the gateway's flow_control.predicted_admission (default: kvgate's); either value also "
-        "gives the pool the simulator profile's latency prior",
+        help="the gateway's flow_control.predicted_admission (default: kvgate's, on); the pool's "
+        "latency prior is the simulator profile's either way",
     )
     p.add_argument(
         "--session-header",

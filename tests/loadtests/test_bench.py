@@ -338,3 +338,10 @@ def test_the_latency_gate_flags_reach_the_gateway_config_with_the_profiles_prior
     assert prior.time_scale == preset.fleet.time_scale
     untouched, _ = resolve(_args("--out", "x"))
     assert untouched.flow_control == {}
+    # Without the flags the gate is kvgate's default, and the pool still starts from the fleet's speed.
+    plain = parse_config(gateway_config(
+        "default", ["http://127.0.0.1:9001"], "llama-3-8b", preset=untouched, workload=workload, port=1
+    ))
+    assert plain.flow_control.predicted_admission  # kvgate's default
+    plain_prior = plain.models[0].latency_prior
+    assert plain_prior is not None and plain_prior.profile == untouched.fleet.profile
