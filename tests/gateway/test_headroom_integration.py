@@ -90,7 +90,14 @@ async def test_headroom_is_exported_and_falls_as_load_rises() -> None:
             release.set()
             await asyncio.gather(*tasks, return_exceptions=True)
 
-        assert idle_rps > light_rps > heavy_rps
+        # Each reading's headroom is its capacity less its load. Headroom in requests/s is not compared
+        # across readings: the models keep calibrating from the streams in between, so a capacity read
+        # later may be larger (on a loaded CI machine the warm-up's TTFTs were slow and the idle reading
+        # was below the light one); the ratio, headroom / capacity of one reading, is.
+        assert idle_rps > 0 and light_rps >= 0 and heavy_rps >= 0
+        for pool in (light, heavy):
+            h = pool["goodput_headroom"]["requests_per_second"]
+            assert h < pool["capacity_requests_per_second"]
         ratios = [p["goodput_headroom"]["ratio"] for p in (idle, light, heavy)]
         assert ratios[0] == 1.0 and ratios[0] > ratios[1] > ratios[2]
         assert 0 < light["load_requests_per_second"] < heavy["load_requests_per_second"]
