@@ -9,15 +9,13 @@ from typing import Any
 
 import pytest
 
+from loadtests.default_weights import CHOSEN_DEFAULT, WEIGHT_CANDIDATES, DefaultWeights
 from loadtests.presets import (
     BASELINE_POLICIES,
-    CHOSEN_DEFAULT,
     DEFAULT_WORKLOAD_PLANS,
     DIRECT,
     PRESETS,
-    WEIGHT_CANDIDATES,
     BenchPreset,
-    DefaultWeights,
     FleetPlan,
     WorkloadPlan,
     build_workload,
