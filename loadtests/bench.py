@@ -61,10 +61,11 @@ from loadtests.bench_processes import (
 )
 from loadtests.bench_summary import write_summary
 from loadtests.measures import RequestTrace, fleet_delta
-from loadtests.presets import DIRECT, BenchPreset, WorkloadPlan, build_workload
+from loadtests.presets import DIRECT, BenchPreset
 from loadtests.results import make_meta, validate_record, write_results
 from loadtests.runner import LoadConfig, RunResult, run_load, scrape_counters
 from loadtests.slo import Slo, parse_slo
+from loadtests.workload_factory import WorkloadPlan, build_workload
 from loadtests.workloads.noisy_neighbour import NoisyNeighbourWorkload
 from loadtests.workloads.spec import RequestSpec, Workload
 
@@ -327,7 +328,7 @@ class _Bench:
             await self._sweep(control, fleet, plan, specs, policy, fleet.urls[0], None)
             return
         config = gateway_config(
-            policy, fleet.urls, p.fleet.model, preset=p, workload=workload, port=free_port()
+            policy, fleet.urls, p.fleet.model_name, preset=p, workload=workload, port=free_port()
         )
         slug = f"{plan.name}-{policy}"
         gateway = GatewayProcess(config, self.out_dir / "configs" / f"{slug}.yaml", self.layout.gateway_cpus,

@@ -15,7 +15,8 @@ from pathlib import Path
 
 import yaml
 
-from loadtests.presets import DIRECT, BenchPreset, WorkloadPlan
+from loadtests.presets import DIRECT, BenchPreset
+from loadtests.workload_factory import WorkloadPlan
 
 _PARAM_FLAGS: dict[str, str] = {
     "system_prompt_tokens": "--system-prompt-tokens",
@@ -27,6 +28,10 @@ _PARAM_FLAGS: dict[str, str] = {
     "groups": "--groups",
     "target_multiple": "--target-multiple",
     "session_header": "--session-header",
+    "active_conversations": "--active-conversations",
+    "length_jitter": "--length-jitter",
+    "output_jitter": "--output-jitter",
+    "zipf_s": "--zipf-s",
 }
 
 

@@ -48,7 +48,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from loadtests.des import DesConfig, FleetSpec, run_des
 from loadtests.measures import LatencyStats, Measures, RequestTrace, fleet_delta, summarize
 from loadtests.runner import LoadConfig, run_load, scrape_counters
-from loadtests.workloads import SharedPrefixWorkload
+from loadtests.workload_factory import WorkloadPlan, build_workload
+from loadtests.workloads import SharedPrefixWorkload, Workload
 from loadtests.workloads.spec import RequestSpec
 from simulator.engine import EngineConfig
 
@@ -74,18 +75,12 @@ class Case:
         return FleetSpec(replicas=self.replicas, profile=self.profile,
                          engine=EngineConfig(num_gpu_blocks=self.kv_blocks))  # fmt: skip
 
-    def workload(self) -> SharedPrefixWorkload:
-        fleet = self.fleet()
-        kv = self.kv_blocks * fleet.engine.block_size
-        shape: dict[str, Any] = dict(
-            system_prompt_tokens=self.system_prompt_tokens, question_tokens=self.question_tokens,
-            output_tokens=self.output_tokens, model=fleet.model_name, seed=self.seed,
-        )  # fmt: skip
-        probe = SharedPrefixWorkload.sized(replica_kv_tokens=kv, replicas=self.replicas, prompts_per_group=1,
-                                           **shape)
-        per_group = -(-self.requests // probe.groups)
-        return SharedPrefixWorkload.sized(replica_kv_tokens=kv, replicas=self.replicas,
-                                          prompts_per_group=per_group, **shape)
+    def workload(self) -> Workload:
+        plan = WorkloadPlan(SharedPrefixWorkload.name, {
+            "system_prompt_tokens": self.system_prompt_tokens, "question_tokens": self.question_tokens,
+            "output_tokens": self.output_tokens,
+        })  # fmt: skip
+        return build_workload(plan, self.fleet(), requests=self.requests, seed=self.seed)
 
     def gateway_config(self, policy: str) -> dict[str, Any]:
         """The live gateway's config without replicas (the DES uses it as its base too)."""

@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import itertools
-import math
 import shlex
 import sys
 from collections.abc import Iterator, Sequence
@@ -48,19 +47,19 @@ from loadtests.report import write_report
 from loadtests.results import make_meta, write_results
 from loadtests.runner import LoadConfig
 from loadtests.slo import Slo, parse_slo
+from loadtests.workload_factory import WorkloadPlan, build_workload
 from loadtests.workloads import (
     WORKLOAD_TYPES,
     LoraMixWorkload,
     MultiTurnWorkload,
-    NoisyNeighbourWorkload,
     RandomWorkload,
     SharedPrefixWorkload,
-    Workload,
 )
 from loadtests.workloads.spec import RequestSpec
 from simulator.engine import EngineConfig
 
 INF = float("inf")
+SHARED_PREFIX, MULTI_TURN, RANDOM = SharedPrefixWorkload.name, MultiTurnWorkload.name, RandomWorkload.name
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -123,6 +122,11 @@ def build_parser() -> argparse.ArgumentParser:
                     help="shared-prefix groups (default: sized to --target-multiple x one replica's KV)")
     wl.add_argument("--target-multiple", type=float, default=4.0)
     wl.add_argument("--adapters", type=int, default=8, help="lora-mix adapters")
+    wl.add_argument("--zipf-s", type=float, default=1.0, help="lora-mix: adapter popularity exponent")
+    wl.add_argument("--length-jitter", type=float, default=0.0,
+                    help="random: prompt lengths uniform in (1 +- j) x --prompt-tokens (default 0)")
+    wl.add_argument("--output-jitter", type=float, default=0.0,
+                    help="random: output lengths uniform in (1 +- j) x --output-tokens (default 0)")
     load = p.add_argument_group("load (simulated seconds)")
     load.add_argument("--concurrency", default=None,
                       help="closed loop, comma-separated points (default 16 when no --rate)")
@@ -152,37 +156,24 @@ def _points(text: str | None, cast: type[float] | type[int]) -> list[float]:
     return [float(cast(v)) for v in text.split(",") if v.strip()]
 
 
-def build_workload(args: argparse.Namespace, fleet: FleetSpec, total: int) -> Workload:
-    """The `--workload` for this fleet, yielding at least `total` specs."""
-    model, seed = fleet.model_name, args.seed
-    if args.workload == SharedPrefixWorkload.name:
-        common: dict[str, Any] = dict(system_prompt_tokens=args.system_prompt_tokens,
-                                      question_tokens=args.question_tokens, output_tokens=args.output_tokens,
-                                      model=model, seed=seed)  # fmt: skip
-        if args.groups:
-            return SharedPrefixWorkload(groups=args.groups, prompts_per_group=math.ceil(total / args.groups),
-                                        **common)  # fmt: skip
-        kv = (args.kv_blocks or fleet.model_profile.num_gpu_blocks(args.block_size)) * args.block_size
-        probe = SharedPrefixWorkload.sized(replica_kv_tokens=kv, replicas=fleet.replicas, prompts_per_group=1,
-                                           target_multiple=args.target_multiple, **common)  # fmt: skip
-        return SharedPrefixWorkload.sized(replica_kv_tokens=kv, replicas=fleet.replicas,
-                                          prompts_per_group=math.ceil(total / probe.groups),
-                                          target_multiple=args.target_multiple, **common)  # fmt: skip
-    if args.workload == RandomWorkload.name:
-        return RandomWorkload(requests=total, prompt_tokens=args.prompt_tokens,
-                              output_tokens=args.output_tokens, model=model, seed=seed)  # fmt: skip
-    if args.workload == MultiTurnWorkload.name:
-        return MultiTurnWorkload(conversations=math.ceil(total / args.turns), turns=args.turns,
-                                 system_prompt_tokens=args.system_prompt_tokens, user_tokens=args.user_tokens,
-                                 output_tokens=args.output_tokens, model=model, seed=seed,
-                                 active_conversations=args.active_conversations,
-                                 session_header=args.session_header)  # fmt: skip
-    if args.workload == LoraMixWorkload.name:
-        return LoraMixWorkload(adapters=list(fleet.adapters), requests=total,
-                               prompt_tokens=args.prompt_tokens, output_tokens=args.output_tokens,
-                               base_model=model, seed=seed)  # fmt: skip
-    return NoisyNeighbourWorkload(requests=total, prompt_tokens=args.prompt_tokens,
-                                  output_tokens=args.output_tokens, model=model, seed=seed)  # fmt: skip
+def workload_plan(args: argparse.Namespace) -> WorkloadPlan:
+    """The `--workload` and its flags as a plan for the workload factory."""
+    lengths: dict[str, Any] = {"output_tokens": args.output_tokens}
+    if args.workload == SHARED_PREFIX:
+        lengths |= {"system_prompt_tokens": args.system_prompt_tokens,
+                    "question_tokens": args.question_tokens}  # fmt: skip
+        lengths |= {"groups": args.groups} if args.groups else {"target_multiple": args.target_multiple}
+    elif args.workload == MULTI_TURN:
+        lengths |= {"turns": args.turns, "system_prompt_tokens": args.system_prompt_tokens,
+                    "user_tokens": args.user_tokens, "active_conversations": args.active_conversations,
+                    "session_header": args.session_header}  # fmt: skip
+    else:  # random, lora-mix, noisy-neighbour
+        lengths |= {"prompt_tokens": args.prompt_tokens}
+    if args.workload == RANDOM:
+        lengths |= {"length_jitter": args.length_jitter, "output_jitter": args.output_jitter}
+    elif args.workload == LoraMixWorkload.name:
+        lengths |= {"zipf_s": args.zipf_s}
+    return WorkloadPlan(args.workload, lengths)
 
 
 def fleet_spec(args: argparse.Namespace) -> FleetSpec:
@@ -217,7 +208,7 @@ def run(args: argparse.Namespace, command: str) -> list[dict[str, Any]]:
     rates = _points(args.rate, float)
     points = [("closed", c) for c in closed] + [("open", r) for r in rates]
     total = args.warmup_requests + args.requests * len(points)
-    workload = build_workload(args, fleet, total)
+    workload = build_workload(workload_plan(args), fleet, requests=total, seed=args.seed)
     base = _gateway_base(args.gateway_config)
     policies = [p.strip() for p in args.policy.split(",") if p.strip()]
     records: list[dict[str, Any]] = []

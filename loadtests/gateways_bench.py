@@ -25,7 +25,7 @@ only difference; the profile is the built-in `default`. Each cell:
    of every gateway process;
 5. stops the gateway.
 
-The workloads come from the workload factory (`presets.build_workload`), one request stream per seed,
+The workloads come from the workload factory (`workload_factory.build_workload`), one request stream per seed,
 the same for every N and index. Latencies are in simulated seconds (`bench.to_model_time`); goodput
 counts requests within the SLO (`loadtests.slo`). Per cell a `loadtests.results` record plus `gateways`,
 `index`, `seed`, `fleet_prefix_queries` / `fleet_prefix_hits` (the replicas' counter increases, in
@@ -70,11 +70,12 @@ from loadtests.bench_processes import (
 )
 from loadtests.gateways_report import group_placement, index_modes, write_summary
 from loadtests.measures import fleet_delta
-from loadtests.presets import BenchPreset, FleetPlan, WorkloadPlan, build_workload
+from loadtests.presets import BenchPreset, FleetPlan
 from loadtests.redis_process import RedisServer
 from loadtests.results import validate_record
 from loadtests.runner import LoadConfig, run_load, scrape_counters
 from loadtests.slo import Slo, parse_slo
+from loadtests.workload_factory import WorkloadPlan, build_workload
 from loadtests.workloads import RandomWorkload
 from loadtests.workloads.spec import RequestSpec
 
@@ -112,7 +113,8 @@ def cell_config(preset: BenchPreset, urls: Sequence[str], events: Sequence[tuple
     """`bench.gateway_config` for the default profile, plus the shared Redis store, the replicas' KV
     event endpoints (`events`, None for the approximate index), and event staleness stretched by the
     time scale (10 s of simulated silence, as the default means in wall time)."""
-    config = gateway_config(PROFILE, urls, preset.fleet.model, preset=preset, workload=workload, port=port)
+    model = preset.fleet.model_name
+    config = gateway_config(PROFILE, urls, model, preset=preset, workload=workload, port=port)
     config["server"]["access_log"] = False
     config["state"] = {"store": redis_url}
     config["scheduling"]["prefix_index"] = {"events_stale_after_s": 10.0 * max(1.0, preset.fleet.time_scale)}
@@ -224,7 +226,7 @@ class GatewaysBench:
         gateway = GatewayProcess(config, self.out / "configs" / f"{slug}.yaml", self.layout.gateway_cpus,
                                  self.out / "logs" / f"gateway-{slug}.log", workers=n)  # fmt: skip
         async with gateway:
-            primed_failed = await prime(fleet.urls, self.fleet_plan.model, seed=seed)
+            primed_failed = await prime(fleet.urls, self.fleet_plan.model_name, seed=seed)
             want = len(fleet.urls) if index == "exact" else 0
             exact_before = await wait_exact(control, gateway.url, want, timeout_s=30.0)
             warm = preset.plan_warmup(plan)

@@ -1,8 +1,8 @@
 """Named benchmark presets: the fleet, the workloads, the policies and the load sweep of a `kvgate bench`.
 
 A preset is plain data (`BenchPreset`); `kvgate bench --preset NAME` starts from it and command-line
-flags override single fields. `build_workload` turns a `WorkloadPlan` into a seeded workload sized for
-the fleet and for the number of requests the sweep needs.
+flags override single fields. `loadtests.workload_factory.build_workload` turns each `WorkloadPlan` into
+a seeded workload sized for the fleet and for the number of requests the sweep needs.
 
 Times in a preset are SIMULATED seconds (what the modelled GPUs would take); the simulator runs
 `time_scale` times slower than that in wall time, and the bench reports latencies and rates in
@@ -23,16 +23,8 @@ from types import MappingProxyType
 from typing import Any
 
 from loadtests.default_weights import CANDIDATE_PROFILES
-from loadtests.workloads import (
-    DEFAULT_TENANTS,
-    WORKLOAD_TYPES,
-    LoraMixWorkload,
-    MultiTurnWorkload,
-    NoisyNeighbourWorkload,
-    RandomWorkload,
-    SharedPrefixWorkload,
-    Workload,
-)
+from loadtests.workload_factory import WorkloadPlan
+from loadtests.workloads import WORKLOAD_TYPES
 from simulator.profiles import get_profile
 
 BASELINE_POLICIES: tuple[str, ...] = ("round-robin", "least-loaded", "prefix-only", "default")
@@ -63,7 +55,7 @@ class FleetPlan:
         get_profile(self.profile)  # ValueError naming the known profiles
 
     @property
-    def model(self) -> str:
+    def model_name(self) -> str:
         """The base model name the replicas serve (the profile's)."""
         return get_profile(self.profile).model_name
 
@@ -107,31 +99,6 @@ class FleetPlan:
             "max_loras": self.max_loras,
             "adapters": list(self.adapters),
         }
-
-
-@dataclass(frozen=True, slots=True)
-class WorkloadPlan:
-    """A workload type (`WORKLOAD_TYPES` name) with its parameters (constructor keywords, lengths in
-    tokens; how many requests and the model come from the run). For `shared-prefix`, without
-    `groups` the group count comes from `size_shared_prefix` at `target_multiple` (default 4) times
-    one replica's KV. `policies` restricts which policies run it (empty: all of the run's);
-    `warmup_requests` replaces the preset's (e.g. 0 where there is nothing to warm). `label` names
-    the workload in results when one type runs twice with other parameters (default: the type)."""
-
-    workload: str
-    params: Mapping[str, Any] = field(default_factory=dict)
-    policies: tuple[str, ...] = ()
-    warmup_requests: int | None = None
-    label: str | None = None
-
-    def __post_init__(self) -> None:
-        if self.workload not in WORKLOAD_TYPES:
-            raise ValueError(f"unknown workload {self.workload!r}; known: {', '.join(WORKLOAD_TYPES)}")
-
-    @property
-    def name(self) -> str:
-        """The workload's name in results: its label, else its type."""
-        return self.label or self.workload
 
 
 @dataclass(frozen=True, slots=True)
@@ -241,40 +208,6 @@ class BenchPreset:
     def with_overrides(self, **changes: Any) -> BenchPreset:
         """A copy with the given fields replaced (validated again)."""
         return replace(self, **changes)
-
-
-def build_workload(plan: WorkloadPlan, fleet: FleetPlan, *, requests: int, seed: int) -> Workload:
-    """The workload of `plan` for `fleet`, yielding at least `requests` specs, seeded by `seed`."""
-    p = dict(plan.params)
-    model = fleet.model
-    if plan.workload == SharedPrefixWorkload.name:
-        target = float(p.pop("target_multiple", 4.0))
-        if "groups" in p:
-            ppg = max(1, math.ceil(requests / int(p["groups"])))
-            return SharedPrefixWorkload(prompts_per_group=ppg, model=model, seed=seed, **p)
-        probe = SharedPrefixWorkload.sized(
-            replica_kv_tokens=fleet.replica_kv_tokens, replicas=fleet.replicas, prompts_per_group=1,
-            model=model, seed=seed, target_multiple=target, **p,
-        )  # fmt: skip
-        ppg = max(1, math.ceil(requests / probe.groups))
-        return SharedPrefixWorkload.sized(
-            replica_kv_tokens=fleet.replica_kv_tokens, replicas=fleet.replicas, prompts_per_group=ppg,
-            model=model, seed=seed, target_multiple=target, **p,
-        )  # fmt: skip
-    if plan.workload == RandomWorkload.name:
-        return RandomWorkload(requests=requests, model=model, seed=seed, **p)
-    if plan.workload == MultiTurnWorkload.name:
-        turns = int(p.pop("turns", 4))
-        return MultiTurnWorkload(
-            conversations=max(1, math.ceil(requests / turns)), turns=turns, model=model, seed=seed, **p
-        )
-    if plan.workload == LoraMixWorkload.name:
-        adapters = list(fleet.adapters) or p.pop("adapters", 4)
-        p.pop("adapters", None)
-        return LoraMixWorkload(adapters=adapters, requests=requests, base_model=model, seed=seed, **p)
-    if plan.workload == NoisyNeighbourWorkload.name:
-        return NoisyNeighbourWorkload(requests=requests, model=model, seed=seed, tenants=DEFAULT_TENANTS, **p)
-    raise ValueError(f"no builder for workload {plan.workload!r}")  # pragma: no cover - checked in plan
 
 
 # --- the presets ----------------------------------------------------------------------------------

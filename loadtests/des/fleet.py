@@ -53,6 +53,12 @@ class FleetSpec:
         return self.model or self.model_profile.model_name
 
     @property
+    def replica_kv_tokens(self) -> int:
+        """One replica's KV capacity in tokens (`engine.num_gpu_blocks`, else what the profile holds)."""
+        blocks = self.engine.num_gpu_blocks or self.model_profile.num_gpu_blocks(self.engine.block_size)
+        return blocks * self.engine.block_size
+
+    @property
     def names(self) -> tuple[str, ...]:
         return tuple(f"r{i}" for i in range(self.replicas))
 

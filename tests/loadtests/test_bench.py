@@ -22,9 +22,10 @@ from gateway.commands.bench import resolve
 from gateway.config import parse_config
 from loadtests.bench import gateway_config, to_model_time
 from loadtests.measures import LoadgenUsage, RequestTrace
-from loadtests.presets import DIRECT, build_workload, get_preset
+from loadtests.presets import DIRECT, get_preset
 from loadtests.results import load_results
 from loadtests.runner import LoadConfig, RunResult
+from loadtests.workload_factory import build_workload
 from loadtests.workloads import NoisyNeighbourWorkload, RandomWorkload
 
 REPO = Path(__file__).resolve().parents[2]

@@ -10,9 +10,10 @@ import yaml
 
 from gateway.cli import main as kvgate_main
 from loadtests.bench_des import des_argv, run_des
-from loadtests.des_cli import build_parser
-from loadtests.presets import DIRECT, WorkloadPlan, get_preset
+from loadtests.des_cli import build_parser, fleet_spec, workload_plan
+from loadtests.presets import DIRECT, PRESETS, get_preset
 from loadtests.results import load_results
+from loadtests.workload_factory import WorkloadPlan, build_workload
 
 
 def test_the_preset_becomes_des_cli_arguments_its_parser_reads(tmp_path: Path) -> None:
@@ -39,11 +40,24 @@ def test_the_preset_becomes_des_cli_arguments_its_parser_reads(tmp_path: Path) -
     assert notes == ["direct skipped: there is no HTTP path in virtual time"]
 
 
+def test_every_presets_workload_reaches_the_des_unchanged(tmp_path: Path) -> None:
+    """`kvgate bench --des` runs the request stream the live bench would: each shipped preset's
+    workloads, through des_cli's flags, come out of the workload factory as the same workload."""
+    for preset in PRESETS.values():
+        for plan in preset.workloads:
+            runs, notes = des_argv(preset, plan, tmp_path, None, progress=True)
+            assert not [n for n in notes if "has no des_cli flag" in n], (preset.name, notes)
+            args = build_parser().parse_args(runs[0])
+            des = build_workload(workload_plan(args), fleet_spec(args), requests=30, seed=args.seed)
+            bench = build_workload(plan, preset.fleet, requests=30, seed=preset.seed)
+            assert des.describe() == bench.describe(), (preset.name, plan.name)
+
+
 def test_parameters_without_a_flag_are_named(tmp_path: Path) -> None:
     preset = get_preset("full")
-    plan = next(p for p in preset.workloads if p.workload == "multi-turn")
+    plan = WorkloadPlan("random", {"prompt_tokens": 64, "output_tokens": 4, "endpoint": "completions"})
     (argv,), notes = des_argv(preset, plan, tmp_path, None, progress=True)
-    assert any("active_conversations" in n for n in notes)
+    assert any("endpoint=completions has no des_cli flag" in n for n in notes)
     args = build_parser().parse_args(argv)
     assert (args.adapters, args.max_loras) == (len(preset.fleet.adapters), preset.fleet.max_loras)
 

@@ -4,8 +4,10 @@ from pathlib import Path
 
 import pytest
 
-from loadtests.des_cli import build_parser, build_workload, fleet_spec, main, run
+from loadtests.des_cli import build_parser, fleet_spec, main, run, workload_plan
+from loadtests.presets import get_preset
 from loadtests.results import load_results
+from loadtests.workload_factory import build_workload
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -34,9 +36,27 @@ def test_open_loop_and_other_workloads_build() -> None:
         args = parser.parse_args(["--workload", workload, "--replicas", "8", "--profile", "tiny",
                                   "--system-prompt-tokens", "256", "--rate", "5,10"])
         fleet = fleet_spec(args)
-        work = build_workload(args, fleet, 30)
+        work = build_workload(workload_plan(args), fleet, requests=30, seed=args.seed)
         assert work.size() >= 30
         assert (fleet.engine.max_loras > 0) == (workload == "lora-mix")
+
+
+@pytest.mark.parametrize("workload", ["shared-prefix", "random"])
+def test_the_same_parameters_give_kvgate_bench_s_request_stream(workload: str) -> None:
+    """One workload factory: des_cli's flags and a preset's plan with the same lengths on the same
+    fleet yield the same requests (so a DES what-if and a live bench measure the same stream)."""
+    preset = get_preset("routing")
+    plan = next(p for p in preset.workloads if p.workload == workload)
+    fleet = preset.fleet
+    flags = [f"--{k.replace('_', '-')}={v}" for k, v in plan.params.items()]
+    args = build_parser().parse_args([
+        "--workload", workload, "--replicas", str(fleet.replicas), "--profile", fleet.profile,
+        "--kv-blocks", str(fleet.kv_blocks), "--block-size", str(fleet.block_size), "--seed", "3", *flags,
+    ])  # fmt: skip
+    des = build_workload(workload_plan(args), fleet_spec(args), requests=40, seed=args.seed)
+    bench = build_workload(plan, fleet, requests=40, seed=3)
+    assert des.describe() == bench.describe()
+    assert [(s.body, s.headers) for s in des.requests()] == [(s.body, s.headers) for s in bench.requests()]
 
 
 def test_closed_and_open_points_in_one_sweep(tmp_path: Path) -> None:

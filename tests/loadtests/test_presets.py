@@ -17,11 +17,10 @@ from loadtests.presets import (
     PRESETS,
     BenchPreset,
     FleetPlan,
-    WorkloadPlan,
-    build_workload,
     get_preset,
     workload_plans,
 )
+from loadtests.workload_factory import WorkloadPlan, build_workload
 from loadtests.workloads import WORKLOAD_TYPES, SharedPrefixWorkload
 from policies.scheduling.builtin_profiles import BUILTIN_PROFILE_NAMES, builtin_profile_spec
 from simulator import cli as sim_cli
@@ -140,7 +139,7 @@ def test_fleet_plan_sim_args_are_what_the_simulator_cli_reads() -> None:
     )
     assert (parsed.port, parsed.adapters, parsed.max_loras) == (0, "a,b,c", 2)
     assert plan.replica_kv_tokens == 512 * 16
-    assert plan.model == "llama-3-8b"
+    assert plan.model_name == "llama-3-8b"
 
 
 def test_fleet_plan_without_kv_blocks_keeps_the_profiles_capacity() -> None:
