@@ -39,7 +39,6 @@ from gateway.upstream import UpstreamPool
 from gateway.upstream.address import parse_replica_url
 from gateway.upstream.tls import client_tls_context
 from gateway.worker_group import WorkerGroup
-from policies.prefix_index import capacity_blocks
 from policies.types import ReplicaPhase
 
 log = logging.getLogger(__name__)
@@ -239,17 +238,7 @@ class Gateway:
             self.credentials.forget(replica)
         elif change & (FleetChange.JOINED | FleetChange.RESET):
             self.credentials.update_replica(replica, self.fleet.spec(replica).config)
-        if FleetChange.METRICS in change:
-            counters = self.fleet.prefix_counters(replica)
-            if counters is not None:
-                self.router.observe_prefix_counters(replica, *counters)
-        if FleetChange.CAPACITY in change:
-            state = self.fleet.snapshot().by_name(replica)
-            if state is not None and state.num_gpu_blocks > 0:
-                self.router.index.set_capacity(
-                    replica,
-                    capacity_blocks(state.num_gpu_blocks, state.block_size, self.router.index_block_tokens),
-                )
+        self.router.observe_scrape(self.fleet, replica, change)
         self.tenancy.on_fleet_change(replica, change)
 
     def _collect_fleet_gauges(self) -> Iterable[Metric]:

@@ -28,6 +28,7 @@ import orjson
 from gateway.config import Config
 from gateway.config_latency import profile_prior
 from gateway.errors import bad_request
+from gateway.fleet.state import FleetChange, FleetState
 from gateway.reload import ReloadStep
 from gateway.tokenizers import PromptNotReproducible, PromptRejected, Tokenizer, prompt_ids, tokenizer_for
 from policies.exact_index import ExactIndex
@@ -36,7 +37,7 @@ from policies.kv_fit import GroupFit, GroupLedger, group_key
 from policies.latency.estimator import LatencyEstimator, Prediction
 from policies.latency.prior import LatencyPrior
 from policies.prefix import TOKEN_ID_BYTES, byte_block_keys, seed_for
-from policies.prefix_index import PrefixIndex
+from policies.prefix_index import PrefixIndex, capacity_blocks
 from policies.prefix_source import PrefixSource
 from policies.prompt_text import batch_prompts, canonical_chat_bytes, canonical_completion_bytes
 from policies.scheduling.builtin_profiles import BUILTIN_PROFILE_NAMES, builtin_profile_spec
@@ -336,6 +337,20 @@ class Router:
         with the hits kvgate believed it would get there (belief against reality)."""
         if self._groups_on:
             self.groups.observe_counters(replica, hits_tokens, queries_tokens)
+
+    def observe_scrape(self, fleet: FleetState, replica: str, change: FleetChange) -> None:
+        """What a scrape of `replica` tells routing: its cumulative prefix-cache counters (METRICS:
+        the group ledger's belief against reality) and its KV cache size (CAPACITY: the prefix
+        index's bound for it). The gateway and the discrete-event mode both call this."""
+        if FleetChange.METRICS in change:
+            counters = fleet.prefix_counters(replica)
+            if counters is not None:
+                self.observe_prefix_counters(replica, *counters)
+        if FleetChange.CAPACITY in change:
+            state = fleet.snapshot().by_name(replica)
+            if state is not None and state.num_gpu_blocks > 0:
+                blocks = capacity_blocks(state.num_gpu_blocks, state.block_size, self.index_block_tokens)
+                self.index.set_capacity(replica, blocks)
 
     def forget_replica(self, replica: str) -> None:
         """`replica` left or restarted: nothing kvgate sent it is cached there any more."""

@@ -17,8 +17,8 @@ gateway `Config` and calls them as the live request path does (`gateway/proxy.py
   scrapes a `ReplicaState` holds the last scraped running/waiting/KV usage/adapters plus the
   gateway's live in-flight counts: exactly the live gateway's staleness. `FleetState` rebuilds only
   the changed replicas' states per snapshot, as it does live.
-- the prefix index's per-replica capacity from the scraped cache size, as `Gateway._on_fleet_change`
-  sets it.
+- what each scrape tells routing (the prefix index's per-replica capacity from the scraped cache
+  size, the group ledger's real prefix-cache counters): `Router.observe_scrape`, as live.
 
 Not modelled: authentication, rate limits and flow control (admission runs before routing and holds
 or refuses requests; see the run's docs), health checks and failover (simulated replicas never fail).
@@ -46,7 +46,6 @@ from gateway.routing import PromptFacts, Router
 from policies.exact_keys import pack_tokens
 from policies.latency.estimator import Prediction
 from policies.prefix import seed_for, token_block_keys
-from policies.prefix_index import capacity_blocks
 from policies.prefix_source import PrefixSource
 from policies.types import RequestInfo
 from simulator.engine import EngineStats
@@ -166,19 +165,7 @@ class GatewayModel:
         self.fleet.record_scrape(self.names[replica], metrics)
 
     def _on_fleet_change(self, replica: str, change: FleetChange) -> None:
-        # As Gateway._on_fleet_change: the index forgets when the replica's cache would, and the
-        # group ledger sees the replica's prefix-cache counters.
-        if FleetChange.METRICS in change:
-            counters = self.fleet.prefix_counters(replica)
-            if counters is not None:
-                self.router.observe_prefix_counters(replica, *counters)
-        if FleetChange.CAPACITY in change:
-            state = self.fleet.snapshot().by_name(replica)
-            if state is not None and state.num_gpu_blocks > 0:
-                block = self.router.index_block_tokens
-                self.router.index.set_capacity(
-                    replica, capacity_blocks(state.num_gpu_blocks, state.block_size, block)
-                )
+        self.router.observe_scrape(self.fleet, replica, change)
 
     # -- the request path -----------------------------------------------------------------------------
 

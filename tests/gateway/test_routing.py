@@ -12,9 +12,13 @@ import pytest
 import gateway.routing
 import gateway.tokenizers
 from gateway.config import parse_config
+from gateway.fleet.metrics_parse import ReplicaMetrics
+from gateway.fleet.state import FleetChange, FleetState
 from gateway.routing import PromptFacts, Router
+from policies.prefix_index import capacity_blocks
 from policies.types import FleetSnapshot, RequestInfo
 from simulator import tokenizer as sim
+from tests.gateway.stores.fakes import FakeClock
 from tests.policies.scheduling.builders import NOW, replica
 
 BLOCK_TOKENS = 4  # small index blocks: short prompts get several keys (16 bytes a block without a tokenizer)
@@ -329,3 +333,19 @@ def test_exact_counts_with_the_sim_tokenizer() -> None:
     facts = router("sim").prompt_facts("completions", {"prompt": batch}, MODEL, None)
     tok = gateway.tokenizers.SimTokenizer()
     assert facts.prompt_tokens == sum(len(tok.encode_prompt(p)) for p in batch)
+
+
+def test_a_scrape_sizes_the_replicas_index_and_feeds_the_group_ledger_its_counters() -> None:
+    config = parse_config({"replicas": [{"url": "http://m0:1", "model": "m", "name": "r0"}],
+                           "scheduling": {"profile": "kv-fit"}})  # fmt: skip
+    r = Router(config, random.Random(1))
+    fleet = FleetState(config.replicas, config.fleet, FakeClock())
+    seen: list[FleetChange] = []
+    fleet.add_listener(lambda name, change: (seen.append(change), r.observe_scrape(fleet, name, change)))
+    before = r.index.capacity("r0")
+    fleet.record_scrape("r0", ReplicaMetrics(running=0, waiting=0, kv_usage=0.0, block_size=16,
+                                             num_gpu_blocks=512, prefix_queries_tokens=1000,
+                                             prefix_hits_tokens=600))  # fmt: skip
+    assert any(FleetChange.CAPACITY in c for c in seen)
+    assert r.index.capacity("r0") == capacity_blocks(512, 16, r.index_block_tokens) != before
+    assert r.groups._reality["r0"].last_hits == 600  # the ledger took the cumulative counters
