@@ -6,10 +6,16 @@ the gateway's own `Router` and profiles) of a shared-prefix workload on small si
 loop at 2 clients per replica. Reported per run: the fleet's prefix hit rate, the workload's oracle
 (every request but its group's first hits its group's whole shared prefix, in full engine blocks), and
 the groups each replica is home to (the replica that served most of the group's requests in the run's
-second half) against how many groups its KV fits (replica KV tokens / one group's prefix tokens).
+second half) against how many groups its KV fits (replica KV tokens / one group's prefix tokens), and
+the second-half requests served away from their group's home.
+
+Policies: the gateway's scheduling profiles (built-in, or from `--profiles FILE`), and two bench-only
+ones (`loadtests.placement_oracle`): `placement-oracle`, the balanced static partition of the groups
+(the placement oracle: each run's hit rate is also reported as a share of its hit rate in the same
+seed), and `static-W:W...`, a static partition weighted per replica (e.g. `static-2:1`: 8/4 of 12).
 
     python -m loadtests.kv_fit_bench --replicas 2,4 --fractions 0.5,0.75,0.9 --seeds 0,1,2,3,4 \\
-        --policies default,kv-fit
+        --policies placement-oracle,default,kv-fit
 
 Bounded: a few seconds of CPU per run. `--cost` instead times the ledger and the scorer per request.
 """
@@ -61,6 +67,7 @@ class Outcome:
     fits: int
     goodput_rps: float
     ttft_p90_s: float | None
+    off_home: int = 0  # second-half requests served away from their group's home
 
     @property
     def of_oracle(self) -> float:
@@ -127,14 +134,20 @@ def run_one(
         if t.group is not None and t.replica is not None and order[t.request_id] >= half:
             served[t.group][t.replica] += 1
     homes = Counter(c.most_common(1)[0][0] for c in served.values())
+    off_home = sum(c.total() - c.most_common(1)[0][1] for c in served.values())
     per_replica = tuple(sorted((homes.get(n, 0) for n in fleet.names), reverse=True))
     prefix = max(shared.values())
     return Outcome(
         policy=policy, replicas=replicas, fraction=fraction, seed=seed, groups=groups,
         hit_rate=float(record["prefix_hit_rate"] or 0.0), oracle=oracle_hits / prompt_tokens,
         groups_per_replica=per_replica, fits=KV_BLOCKS * BLOCK_SIZE // max(1, prefix),
-        goodput_rps=float(record["goodput_rps"] or 0.0), ttft_p90_s=record["ttft_p90_s"],
+        goodput_rps=float(record["goodput_rps"] or 0.0), ttft_p90_s=record["ttft_p90_s"], off_home=off_home,
     )  # fmt: skip
+
+
+def _second_half(r: Outcome) -> int:
+    """The second half of a run's requests (where homes and off-home requests are counted)."""
+    return r.groups * PROMPTS_PER_GROUP - r.groups * PROMPTS_PER_GROUP // 2
 
 
 def _static_weights(policy: str) -> tuple[float, ...] | None:
@@ -253,7 +266,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                     print(f"R={replicas} ws={fraction:g} seed={seed} {policy}: hit {r.hit_rate:.3f} "
                           f"oracle {r.oracle:.3f} ({r.of_oracle:.1%}) groups/replica "
                           f"{'/'.join(map(str, r.groups_per_replica))} (fits {r.fits}) "
-                          f"goodput {r.goodput_rps:.1f} req/s", flush=True)  # fmt: skip
+                          f"off home {r.off_home}/{_second_half(r)} goodput {r.goodput_rps:.1f} req/s",
+                          flush=True)  # fmt: skip
     print(_summary(rows))
     return 0
 
