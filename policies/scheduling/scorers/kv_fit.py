@@ -13,9 +13,10 @@ also decides what "fits" means: the group's blocks next to those its replica's g
 - Otherwise the group is being placed (new, or its home's picture lost it) or must move (its home
   no longer has room for it after the groups placed there before it). If it fits somewhere: 0
   where it does not, 1.0 for a replica of unknown capacity (not scraped yet), and where it fits:
-  for a new group 0.5-1.0 by what the replica's groups claim, least first (min-max: one group more
-  weighs the whole 0.5, so groups spread evenly: 4/4 rather than 5/3 hit 94-95% of the oracle
-  against 88-91% in docs/benchmarks.md); for a placed group 1.0 (`other` for a non-home replica
+  for a new group 0.5-1.0 by what the replica's groups claim and how many they are, least first
+  (min-max of each, the larger penalty counts: one group more weighs the whole 0.5, so groups
+  spread evenly: 4/4 rather than 5/3 hit 94-95% of the oracle against 88-91% in
+  docs/benchmarks.md); for a placed group 1.0 (`other` for a non-home replica
   while the home fits too: a group stays put unless it must move).
 - It fits nowhere: a held group that must move stays (neutral: moving would only evict it
   elsewhere), a placed group goes back to its home (1.0 there, 0 elsewhere), and a new group goes
