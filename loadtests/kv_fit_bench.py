@@ -6,10 +6,16 @@ the gateway's own `Router` and profiles) of a shared-prefix workload on small si
 loop at 2 clients per replica. Reported per run: the fleet's prefix hit rate, the workload's oracle
 (every request but its group's first hits its group's whole shared prefix, in full engine blocks), and
 the groups each replica is home to (the replica that served most of the group's requests in the run's
-second half) against how many groups its KV fits (replica KV tokens / one group's prefix tokens).
+second half) against how many groups its KV fits (replica KV tokens / one group's prefix tokens), and
+the second-half requests served away from their group's home.
+
+Policies: the gateway's scheduling profiles (built-in, or from `--profiles FILE`), and two bench-only
+ones (`loadtests.placement_oracle`): `placement-oracle`, the balanced static partition of the groups
+(the placement oracle: each run's hit rate is also reported as a share of its hit rate in the same
+seed), and `static-W:W...`, a static partition weighted per replica (e.g. `static-2:1`: 8/4 of 12).
 
     python -m loadtests.kv_fit_bench --replicas 2,4 --fractions 0.5,0.75,0.9 --seeds 0,1,2,3,4 \\
-        --policies default,kv-fit
+        --policies placement-oracle,default,kv-fit
 
 Bounded: a few seconds of CPU per run. `--cost` instead times the ledger and the scorer per request.
 """
@@ -20,13 +26,18 @@ import argparse
 import statistics
 import sys
 from collections import Counter, defaultdict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
 
 from loadtests.des.config import DesConfig
 from loadtests.des.fleet import FleetSpec
 from loadtests.des.prompts import PromptTokenizer
 from loadtests.des.simulation import Simulation
+from loadtests.placement_oracle import ORACLE_POLICY, install
 from loadtests.runner import LoadConfig
 from loadtests.workloads.shared_prefix import SharedPrefixWorkload
 from loadtests.workloads.spec import RequestSpec
@@ -56,6 +67,7 @@ class Outcome:
     fits: int
     goodput_rps: float
     ttft_p90_s: float | None
+    off_home: int = 0  # second-half requests served away from their group's home
 
     @property
     def of_oracle(self) -> float:
@@ -83,7 +95,10 @@ def run_one(
     seed: int,
     question_tokens: int = QUESTION_TOKENS,
     output_tokens: int = OUTPUT_TOKENS,
+    profiles: Mapping[str, Any] | None = None,
 ) -> Outcome:
+    """One run. `profiles`: extra scheduling profiles (name -> spec, as under `scheduling.profiles`)
+    that `policy` may name."""
     groups = groups_for(replicas, fraction)
     engine = EngineConfig(block_size=BLOCK_SIZE, num_gpu_blocks=KV_BLOCKS, max_num_seqs=MAX_NUM_SEQS,
                           max_model_len=MAX_MODEL_LEN)  # fmt: skip
@@ -101,10 +116,16 @@ def run_one(
     prompt_tokens = sum(len(tok.chat_ids(s.body["messages"])) for s in specs)
     oracle_hits = sum(shared[g] * (len(ss) - 1) for g, ss in by_group.items())
 
-    sim = Simulation(DesConfig(fleet, policy=policy, seed=seed))
+    static = _static_weights(policy)
+    gateway = {"scheduling": {"profiles": dict(profiles)}} if profiles else None
+    sim = Simulation(DesConfig(fleet, policy="default" if static is not None else policy, seed=seed,
+                               gateway=gateway))  # fmt: skip
+    partition = install(sim, static) if static is not None else None
     load = LoadConfig(concurrency=CLIENTS_PER_REPLICA * replicas, max_requests=len(specs),
                       duration_s=float("inf"), seed=seed)  # fmt: skip
     result = sim.run(specs, load)
+    if partition is not None and len(partition.assignment) != groups:
+        raise RuntimeError(f"the oracle saw {len(partition.assignment)} groups, the workload has {groups}")
     record = result.to_record(workload=workload.name, slo=None)
     order = {s.request_id: i for i, s in enumerate(specs)}
     half = len(specs) // 2
@@ -113,14 +134,30 @@ def run_one(
         if t.group is not None and t.replica is not None and order[t.request_id] >= half:
             served[t.group][t.replica] += 1
     homes = Counter(c.most_common(1)[0][0] for c in served.values())
+    off_home = sum(c.total() - c.most_common(1)[0][1] for c in served.values())
     per_replica = tuple(sorted((homes.get(n, 0) for n in fleet.names), reverse=True))
     prefix = max(shared.values())
     return Outcome(
         policy=policy, replicas=replicas, fraction=fraction, seed=seed, groups=groups,
         hit_rate=float(record["prefix_hit_rate"] or 0.0), oracle=oracle_hits / prompt_tokens,
         groups_per_replica=per_replica, fits=KV_BLOCKS * BLOCK_SIZE // max(1, prefix),
-        goodput_rps=float(record["goodput_rps"] or 0.0), ttft_p90_s=record["ttft_p90_s"],
+        goodput_rps=float(record["goodput_rps"] or 0.0), ttft_p90_s=record["ttft_p90_s"], off_home=off_home,
     )  # fmt: skip
+
+
+def _second_half(r: Outcome) -> int:
+    """The second half of a run's requests (where homes and off-home requests are counted)."""
+    return r.groups * PROMPTS_PER_GROUP - r.groups * PROMPTS_PER_GROUP // 2
+
+
+def _static_weights(policy: str) -> tuple[float, ...] | None:
+    """The partition a bench-only static policy names (`loadtests.placement_oracle`): () for
+    `placement-oracle` (round robin), the weights of `static-2:1:1...`; None for a gateway profile."""
+    if policy == ORACLE_POLICY:
+        return ()
+    if policy.startswith("static-"):
+        return tuple(float(w) for w in policy.removeprefix("static-").split(":"))
+    return None
 
 
 def decision_cost(replicas: int = 16, groups: int = 2000, requests: int = 5000, seed: int = 0) -> str:
@@ -172,9 +209,13 @@ def decision_cost(replicas: int = 16, groups: int = 2000, requests: int = 5000, 
 
 
 def _summary(rows: Sequence[Outcome]) -> str:
-    lines = ["| replicas | working set | groups | policy | of oracle: worst / median | hit rate worst "
-             "(oracle) | max groups on a replica: worst / median (fits) | splits |",
-             "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    """One line per fleet size, working set and policy. With `placement-oracle` among the policies,
+    each run's hit rate is also divided by the placement oracle's in the same seed (same workload)."""
+    placed = {(r.replicas, r.fraction, r.seed): r.hit_rate for r in rows if r.policy == ORACLE_POLICY}
+    lines = ["| replicas | working set | groups | policy | of oracle: worst / median | of placement oracle: "
+             "worst / median | hit rate worst (oracle) | max groups on a replica: worst / median (fits) | "
+             "splits |",
+             "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     keys = sorted({(r.replicas, r.fraction, r.policy) for r in rows}, key=lambda k: (k[0], k[1]))
     policies = list(dict.fromkeys(r.policy for r in rows))
     keys.sort(key=lambda k: (k[0], k[1], policies.index(k[2])))
@@ -184,9 +225,11 @@ def _summary(rows: Sequence[Outcome]) -> str:
         worst = min(runs, key=lambda r: r.of_oracle)
         most = [max(r.groups_per_replica) for r in runs]
         splits = " ".join("/".join(map(str, r.groups_per_replica)) for r in runs)
+        shares = [r.hit_rate / placed[k] for r in runs if placed.get(k := (r.replicas, r.fraction, r.seed))]
+        of_placed = f"{min(shares):.1%} / {statistics.median(shares):.1%}" if shares else "-"
         lines.append(
             f"| {replicas} | {fraction:g}x | {runs[0].groups} | {policy} | {min(ratios):.1%} / "
-            f"{statistics.median(ratios):.1%} | {worst.hit_rate:.1%} ({worst.oracle:.1%}) | "
+            f"{statistics.median(ratios):.1%} | {of_placed} | {worst.hit_rate:.1%} ({worst.oracle:.1%}) | "
             f"{max(most)} / {statistics.median(most):g} ({runs[0].fits}) | {splits} |"
         )
     return "\n".join(lines)
@@ -201,7 +244,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--cost", action="store_true", help="only time the ledger and scorer per request")
     p.add_argument("--question-tokens", type=int, default=QUESTION_TOKENS)
     p.add_argument("--output-tokens", type=int, default=OUTPUT_TOKENS)
+    p.add_argument("--profiles", type=Path, default=None,
+                   help="YAML file of extra scheduling profiles (name: {filters, scorers, picker}), as under "
+                   "scheduling.profiles in the config")  # fmt: skip
     args = p.parse_args(argv)
+    profiles = yaml.safe_load(args.profiles.read_text()) if args.profiles is not None else None
+    if profiles is not None and not isinstance(profiles, dict):
+        raise SystemExit(f"{args.profiles}: expected a mapping of profile name to profile")
     if args.cost:
         print(decision_cost(), flush=True)
         return 0
@@ -210,12 +259,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         for fraction in (float(v) for v in args.fractions.split(",")):
             for seed in (int(v) for v in args.seeds.split(",")):
                 for policy in args.policies.split(","):
-                    r = run_one(policy, replicas, fraction, seed, args.question_tokens, args.output_tokens)
+                    r = run_one(
+                        policy, replicas, fraction, seed, args.question_tokens, args.output_tokens, profiles
+                    )
                     rows.append(r)
                     print(f"R={replicas} ws={fraction:g} seed={seed} {policy}: hit {r.hit_rate:.3f} "
                           f"oracle {r.oracle:.3f} ({r.of_oracle:.1%}) groups/replica "
                           f"{'/'.join(map(str, r.groups_per_replica))} (fits {r.fits}) "
-                          f"goodput {r.goodput_rps:.1f} req/s", flush=True)  # fmt: skip
+                          f"off home {r.off_home}/{_second_half(r)} goodput {r.goodput_rps:.1f} req/s",
+                          flush=True)  # fmt: skip
     print(_summary(rows))
     return 0
 

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 
 _EMPTY: Mapping[str, float] = MappingProxyType({})
+_EMPTY_COUNTS: Mapping[str, int] = MappingProxyType({})
 _KEPT_KEYS = 128  # leading keys kept of an unconfirmed group's first prompt (8 bytes each)
 
 
@@ -46,6 +47,7 @@ class GroupFit:
     - `claimed`: replica -> blocks its active groups claim (this group's own claim excluded).
     - `room`: replica -> the blocks its groups may claim: `usable` x its KV in index blocks x its
       relative `reality` factor (a replica missing from it has an unknown capacity).
+    - `homed`: replica -> how many active groups it is home to (this group excluded).
     """
 
     group: int
@@ -54,6 +56,7 @@ class GroupFit:
     ahead: float = 0.0
     claimed: Mapping[str, float] = field(default_factory=lambda: _EMPTY)
     room: Mapping[str, float] = field(default_factory=lambda: _EMPTY)
+    homed: Mapping[str, int] = field(default_factory=lambda: _EMPTY_COUNTS)
 
     def fits(self, replica: str) -> bool | None:
         """Whether the group fits on `replica` next to the groups it claims for (on its home: the
@@ -192,13 +195,16 @@ class GroupLedger:
         room = self._effective(capacity_blocks)
         self._room.update(room)
         g = self._confirmed.get(key) or self._provisional.get(key)
+        homes = self._homes
+        homed = {n: len(homes.get(n, ())) for n in names}
         if g is None:
             return GroupFit(key, float(len(prefix_keys)), None, 0.0,
-                            {n: claimed.get(n, 0.0) for n in names}, room)  # fmt: skip
+                            {n: claimed.get(n, 0.0) for n in names}, room, homed)  # fmt: skip
         others = {n: claimed.get(n, 0.0) for n in names}
         if g.home in others:
             others[g.home] -= g.blocks
-        return GroupFit(key, g.blocks, g.home, self._ahead_of(g.home, key), others, room)
+            homed[g.home] -= 1
+        return GroupFit(key, g.blocks, g.home, self._ahead_of(g.home, key), others, room, homed)
 
     # -- writing -----------------------------------------------------------------------------------
 

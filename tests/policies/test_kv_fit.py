@@ -210,3 +210,25 @@ def test_counts_per_replica_after_a_mixed_run_stay_consistent() -> None:
     assert {n: loop.ledger.groups_on(n) for n in NAMES} == {n: homes[n] for n in NAMES}
     claimed = sum(loop.ledger.claimed(n) for n in NAMES)
     assert claimed == pytest.approx(12 * SHARED)
+
+
+def test_a_new_group_is_not_sent_to_the_replica_home_to_more_groups_for_claiming_fewer_blocks() -> None:
+    # r0 is home to 3 confirmed groups (4 blocks each: 12); r1 to 2 groups seen once, each claiming
+    # its whole 8-block prompt (16), unique tail included. By blocks alone r0 led the new group; it
+    # would then hold 4 groups to r1's 2.
+    ledger = GroupLedger()
+    for g in range(3):
+        ledger.record(prompt(g), "r0", 0, 0.0)
+        ledger.record(prompt(g), "r0", SHARED, 0.1)
+    for g in (10, 11):
+        ledger.record((*prompt(g)[:SHARED], *(next(_unique) for _ in range(4))), "r1", 0, 0.2)
+    assert (ledger.claimed("r0"), ledger.claimed("r1")) == (12.0, 16.0)
+    keys = prompt(20)
+    view = ledger.fit_view(keys, {n: CAPACITY for n in NAMES}, 0.3)
+    assert view is not None and dict(view.homed) == {"r0": 3, "r1": 2}
+    info = RequestInfo(
+        model="m", base_model="m", adapter=None, prompt_tokens=1, max_tokens=1, prefix_keys=keys
+    )
+    ctx = SchedulingContext(request=info, now=0.3, prefix_match={}, prefix_blocks=len(keys), kv_fit=view)
+    r0, r1 = KvFitScorer().score(ctx, [ReplicaState(name=n, url="", pool="m") for n in NAMES])
+    assert r0 <= r1

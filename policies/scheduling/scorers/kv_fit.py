@@ -13,9 +13,10 @@ also decides what "fits" means: the group's blocks next to those its replica's g
 - Otherwise the group is being placed (new, or its home's picture lost it) or must move (its home
   no longer has room for it after the groups placed there before it). If it fits somewhere: 0
   where it does not, 1.0 for a replica of unknown capacity (not scraped yet), and where it fits:
-  for a new group 0.5-1.0 by what the replica's groups claim, least first (min-max: one group more
-  weighs the whole 0.5, so groups spread evenly: 4/4 rather than 5/3 hit 94-95% of the oracle
-  against 88-91% in docs/benchmarks.md); for a placed group 1.0 (`other` for a non-home replica
+  for a new group 0.5-1.0 by what the replica's groups claim and how many they are, least first
+  (min-max of each, the larger penalty counts: one group more weighs the whole 0.5, so groups
+  spread evenly: 4/4 rather than 5/3 hit 94-95% of the oracle against 88-91% in
+  docs/benchmarks.md); for a placed group 1.0 (`other` for a non-home replica
   while the home fits too: a group stays put unless it must move).
 - It fits nowhere: a held group that must move stays (neutral: moving would only evict it
   elsewhere), a placed group goes back to its home (1.0 there, 0 elsewhere), and a new group goes
@@ -32,6 +33,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from policies.kv_fit import GroupFit
 from policies.scheduling.context import SchedulingContext
 from policies.types import ReplicaState
 
@@ -70,16 +72,10 @@ class KvFitScorer:
             return [1.0 if r.name == home else self.other for r in candidates]
         fits = [view.fits(r.name) for r in candidates]
         if any(fits) and home is None:
-            # A new group: among the replicas it fits, the one whose groups claim least leads by 0.5
-            # (min-max: one group's difference weighs it all), so the groups spread evenly.
-            claimed = view.claimed
-            among = [claimed.get(r.name, 0.0) for r, f in zip(candidates, fits, strict=True) if f]
-            low, span = min(among), max(among) - min(among)
-            return [
-                1.0 if f is None else 0.0 if not f
-                else 1.0 if span == 0 else 1.0 - 0.5 * (claimed.get(r.name, 0.0) - low) / span
-                for r, f in zip(candidates, fits, strict=True)
-            ]  # fmt: skip
+            # A new group: among the replicas it fits, the one whose groups claim least and are
+            # fewest leads by 0.5 (min-max of each: one group's difference weighs it all), so the
+            # groups spread evenly.
+            return self._spread(view, candidates, fits)
         if any(fits):
             other = self.other if home_fits else 1.0
             return [
@@ -98,3 +94,27 @@ class KvFitScorer:
         if high == low:
             return [0.5] * count
         return [0.5 * (v - low) / (high - low) for v in ratios]
+
+    @staticmethod
+    def _spread(
+        view: GroupFit, candidates: Sequence[ReplicaState], fits: Sequence[bool | None]
+    ) -> list[float]:
+        """A new group that fits somewhere: 0 where it does not, 1.0 for a replica of unknown
+        capacity, and where it fits 1.0 - 0.5 x the larger of two min-max penalties among those
+        replicas: blocks claimed and groups homed. Claims alone were not enough: a group seen once
+        claims its whole prompt (its unique suffix too), so 3 groups seen once could out-claim 4
+        confirmed ones and the queue put a 5th group next to them (5/4/4/3 at half the KV)."""
+        claimed, homed = view.claimed, view.homed
+        blocks = [claimed.get(r.name, 0.0) for r, f in zip(candidates, fits, strict=True) if f]
+        groups = [homed.get(r.name, 0) for r, f in zip(candidates, fits, strict=True) if f]
+        low_b, span_b = min(blocks), max(blocks) - min(blocks)
+        low_g, span_g = min(groups), max(groups) - min(groups)
+        out = []
+        for r, f in zip(candidates, fits, strict=True):
+            if not f:
+                out.append(1.0 if f is None else 0.0)
+                continue
+            pb = (claimed.get(r.name, 0.0) - low_b) / span_b if span_b else 0.0
+            pg = (homed.get(r.name, 0) - low_g) / span_g if span_g else 0.0
+            out.append(1.0 - 0.5 * max(pb, pg))
+        return out
