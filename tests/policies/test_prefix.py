@@ -112,3 +112,38 @@ def test_block_size_must_be_positive(size: int) -> None:
 
 def test_accepts_memoryview() -> None:
     assert byte_block_keys(memoryview(DATA), 256, SEED) == byte_block_keys(DATA, 256, SEED)
+
+
+# Literal keys, computed by the definition in force when they were written (xxh3_64 of block i seeded
+# by key i-1, key 0 seeded by `seed_for`). A change of implementation must keep them: the keys name
+# prefixes in every running gateway's index and in the engines' KV events' exact-key mapping.
+PINNED_SEED = 11295404619576603173  # seed_for("llama-3-8b", None)
+
+
+def test_pinned_seeds() -> None:
+    assert seed_for("llama-3-8b", None) == PINNED_SEED
+    assert seed_for("llama-3-8b", "sql") == 16749727085675360982
+
+
+def test_pinned_byte_keys() -> None:
+    assert byte_block_keys(DATA[: 256 * 3 + 5], 256, PINNED_SEED) == (
+        18371211670851689417,
+        12873947391028781402,
+        10164541067240065050,
+    )
+    assert byte_block_keys(DATA, 4096, 16749727085675360982) == (11532983241746748292, 9274992212089017717)
+
+
+def test_pinned_byte_keys_across_the_struct_cut() -> None:
+    keys = byte_block_keys(DATA, 16, PINNED_SEED)
+    assert len(keys) == 640
+    assert keys[63:66] == (893407371863793011, 10360927180480935094, 16590669891742964360)
+    assert keys[-1] == 16217518073571934861
+
+
+def test_pinned_token_keys() -> None:
+    assert token_block_keys(list(range(100)), 16, PINNED_SEED)[:3] == (
+        6971691596987686841,
+        16927924542964865368,
+        7234850279761552627,
+    )

@@ -174,3 +174,29 @@ def test_token_ids_out_of_range_are_refused(ids: list[Any]) -> None:
 
 def test_pack_token_ids_accepts_any_sequence() -> None:
     assert pack_token_ids((7, 2**32 - 1)) == b"\x07\x00\x00\x00\xff\xff\xff\xff"
+
+
+def test_pinned_chat_bytes() -> None:
+    """Literal bytes of the encoding in force when written: a faster path must produce the same."""
+    messages: list[Any] = [
+        {"role": "system", "content": "Be brief."},
+        {
+            "role": "user",
+            "name": "ann",
+            "content": [
+                {"type": "text", "text": "hi\x00"},
+                {"type": "image_url", "image_url": {"url": "http://x/a.png"}},
+            ],
+        },
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [{"function": {"name": "f", "arguments": "{}"}}],
+        },
+        {"role": "tool", "tool_call_id": "c1", "content": "42"},
+        7,
+    ]
+    assert canonical_chat_bytes(messages) == (
+        b"\x00Rsystem\x00TBe brief.\x00Ruser\x00Nann\x00Thi\x01\x02\x00Ximage_url\x00H649722555b46ad4e"
+        b"\x00Rassistant\x00Ff\x00A{}\x00Rtool\x00T42\x00Ic1\x00?int"
+    )
