@@ -1,5 +1,7 @@
 import pytest
 import xxhash
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from policies.prefix import byte_block_keys, seed_for, token_block_keys
 from policies.prompt_text import pack_token_ids
@@ -147,3 +149,13 @@ def test_pinned_token_keys() -> None:
         16927924542964865368,
         7234850279761552627,
     )
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    data=st.binary(max_size=3000),
+    block=st.integers(min_value=1, max_value=300),
+    seed=st.integers(min_value=0, max_value=2**64 - 1),
+)
+def test_the_chain_equals_the_plain_definition_on_any_input(data: bytes, block: int, seed: int) -> None:
+    assert byte_block_keys(data, block, seed) == reference_keys(data, block, seed)
