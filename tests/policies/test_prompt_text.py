@@ -1,6 +1,8 @@
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from policies.prompt_text import canonical_chat_bytes, canonical_completion_bytes, pack_token_ids
 
@@ -200,3 +202,23 @@ def test_pinned_chat_bytes() -> None:
         b"\x00Rsystem\x00TBe brief.\x00Ruser\x00Nann\x00Thi\x01\x02\x00Ximage_url\x00H649722555b46ad4e"
         b"\x00Rassistant\x00Ff\x00A{}\x00Rtool\x00T42\x00Ic1\x00?int"
     )
+
+
+class _NotPlainDict(dict[str, Any]):
+    """A mapping that is not exactly a dict: takes the general path, field by field."""
+
+
+_text = st.text(alphabet=st.sampled_from(["a", "é", " ", "\x00", "\x01", "\ud800", "R", "T"]), max_size=6)
+_field = st.one_of(st.none(), _text, st.integers(0, 3), st.lists(st.fixed_dictionaries({"type": _text})))
+_message = st.one_of(
+    st.fixed_dictionaries({"role": _text, "content": _text}),  # the fast path's shape
+    st.dictionaries(st.sampled_from(["role", "content", "name", "tool_call_id", "x"]), _field, max_size=3),
+    st.integers(),
+)
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.lists(_message, max_size=6))
+def test_the_common_shape_fast_path_encodes_as_the_general_path(messages: list[Any]) -> None:
+    general = [_NotPlainDict(m) if type(m) is dict else m for m in messages]
+    assert canonical_chat_bytes(messages) == canonical_chat_bytes(general)
