@@ -8,10 +8,12 @@ of instructions a decision executes does not. For each policy this runs itself u
 warm fleet and request mix as `decision_bench` (8k tokens, 16 replicas: `--tokens`, `--replicas`),
 warms the interpreter with untimed decisions, then runs phases of `--decisions` calls each: a no-op
 call (the loop's own cost, subtracted from every other phase), the whole decision (canonical bytes,
-block keys, index match, context, `schedule`), `schedule` alone, and each filter, scorer and the picker
-alone on the full pool. Before each phase and after the last it calls `os.getppid()`, at which
-callgrind dumps its counters (`--dump-before=os_getppid`), so each phase has a dump of its own
-(`callgrind_annotate --inclusive=yes FILE` shows where a phase's instructions went, by C function).
+block keys, index match, context, `schedule`), each of its stages alone (the first four on the same
+requests, `RequestInfo` and `SchedulingContext` construction as one), `schedule` alone, and each
+filter, scorer and the picker alone on the full pool. Before each phase and after the last it calls
+`os.getppid()`, at which callgrind dumps its counters (`--dump-before=os_getppid`), so each phase has
+a dump of its own (`callgrind_annotate --inclusive=yes FILE` shows where a phase's instructions went,
+by C function).
 Instructions are not time: they ignore cache misses and branch mispredictions.
 """
 
@@ -42,6 +44,9 @@ from policies.types import RequestInfo
 
 MARKER = "os_getppid"  # the C function behind os.getppid(): nothing on the decision path calls it
 WARMUP = 300
+# Phases of the whole decision, not per candidate (the decision is these four and `schedule`).
+WHOLE_PHASES = ("decision", "canonical bytes", "block keys", "index match", "RequestInfo + SchedulingContext",
+                "schedule")  # fmt: skip
 
 
 def phases(policy: str, tokens: int, replicas: int, decisions: int, seed: int) -> list[tuple[str, Any]]:
@@ -87,6 +92,29 @@ def phases(policy: str, tokens: int, replicas: int, decisions: int, seed: int) -
         for msgs, pool, n in items:
             decide(msgs, pool, n)
 
+    datas = [canonical_chat_bytes(m) for m, _, _ in items]
+    keyss = [byte_block_keys(d, BLOCK_BYTES, seed_key) for d in datas]
+    matches = [index.match(k, names) for k in keyss]
+
+    def canonical() -> None:
+        for msgs, _, _ in items:
+            canonical_chat_bytes(msgs)
+
+    def block_keys() -> None:
+        for data in datas:
+            byte_block_keys(data, BLOCK_BYTES, seed_key)
+
+    def match() -> None:
+        for keys in keyss:
+            index.match(keys, names)
+
+    def request_context() -> None:
+        for n, (data, keys, found) in enumerate(zip(datas, keyss, matches, strict=True)):
+            info = RequestInfo(model=MODEL, base_model=MODEL, adapter=None,
+                               prompt_tokens=len(data) // BYTES_PER_TOKEN, max_tokens=256, prefix_keys=keys)
+            SchedulingContext(request=info, now=NOW, prefix_match=found, prefix_blocks=len(keys), sequence=n,
+                              stale_after_s=1.0, latency=latency)  # fmt: skip
+
     def picker() -> None:
         pick = profile.picker.pick
         for c, d in picks:
@@ -95,6 +123,10 @@ def phases(policy: str, tokens: int, replicas: int, decisions: int, seed: int) -
     out: list[tuple[str, Any]] = [
         ("loop", over_ctxs(noop)),
         ("decision", whole),
+        ("canonical bytes", canonical),
+        ("block keys", block_keys),
+        ("index match", match),
+        ("RequestInfo + SchedulingContext", request_context),
         ("schedule", over_ctxs(lambda c, pool: profile.schedule(c, pool, pick_rng))),
     ]
     out += [(f"filter {f.name}", over_ctxs(f.filter)) for f in profile.filters]
@@ -174,7 +206,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     print("|---|---|---|---|")
     for policy in args.policy:
         for name, per_call, _ in measure(policy, args, out_dir):
-            per_candidate = "" if name in ("decision", "schedule") else f"{per_call / args.replicas:,.0f}"
+            whole = name in WHOLE_PHASES
+            per_candidate = "" if whole else f"{per_call / args.replicas:,.0f}"
             print(f"| {policy} | {name} | {per_call:,.0f} | {per_candidate} |", flush=True)
     return 0
 

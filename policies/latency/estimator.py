@@ -114,10 +114,13 @@ class LatencyEstimator:
         now: float,
         stale_after_s: float,
         work_weight: float = 0.0,
+        stalls: list[float] | None = None,
     ) -> list[float]:
         """For each state: `ttft_s` of a `prompt_tokens` prompt of which the replica is believed to hold
         `matched[name]` index blocks, plus `work_weight` x `prefill_s` of its uncached part. The
-        scorer's loop in one pass (the request path calls it for every candidate)."""
+        scorer's loop in one pass (the request path calls it for every candidate). With `stalls`, also
+        appends each state's running requests (kvgate's in flight, or a fresh scrape's running if more)
+        x `prefill_s` of its uncached part to it, in the same pass (0.0 where nothing runs)."""
         models = self._models
         block = self.block_tokens
         get = matched.get
@@ -129,7 +132,13 @@ class LatencyEstimator:
             fresh = scraped is not None and now - scraped <= stale_after_s
             held = get(name, 0) * block  # an int from the approximate index: int() only for a fraction
             own = prompt_tokens - (held if held.__class__ is int else int(held))
-            out.append(model.cost_s(state, fresh, own if own > 0 else 0, now, work_weight))
+            own = own if own > 0 else 0
+            out.append(model.cost_s(state, fresh, own, now, work_weight))
+            if stalls is not None:
+                running = state.in_flight
+                if fresh and state.running > running:
+                    running = state.running
+                stalls.append(running * model.prefill_s(own) if running else 0.0)
         return out
 
     def prefill_s(self, state: ReplicaState, uncached: int) -> float:

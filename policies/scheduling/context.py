@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from policies.kv_fit import GroupFit
 from policies.latency.estimator import LatencyEstimator
 from policies.types import RequestInfo
 
 
-@dataclass(frozen=True, slots=True)
-class SchedulingContext:
+class SchedulingContext(NamedTuple):
     """The request and everything the gateway looked up for it, frozen for one decision.
+
+    A NamedTuple rather than a frozen dataclass: it is built once per request, and a frozen
+    dataclass's `__init__` (one `object.__setattr__` per field) cost 18.7k instructions against 7.0k.
 
     - `now`: the gateway's monotonic clock, seconds (compared with `ReplicaState.scraped_at`).
     - `prefix_match`: replica name -> leading prefix blocks it is believed to hold, in index blocks:

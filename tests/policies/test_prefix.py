@@ -1,5 +1,7 @@
 import pytest
 import xxhash
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from policies.prefix import byte_block_keys, seed_for, token_block_keys
 from policies.prompt_text import pack_token_ids
@@ -112,3 +114,48 @@ def test_block_size_must_be_positive(size: int) -> None:
 
 def test_accepts_memoryview() -> None:
     assert byte_block_keys(memoryview(DATA), 256, SEED) == byte_block_keys(DATA, 256, SEED)
+
+
+# Literal keys, computed by the definition in force when they were written (xxh3_64 of block i seeded
+# by key i-1, key 0 seeded by `seed_for`). A change of implementation must keep them: the keys name
+# prefixes in every running gateway's index and in the engines' KV events' exact-key mapping.
+PINNED_SEED = 11295404619576603173  # seed_for("llama-3-8b", None)
+
+
+def test_pinned_seeds() -> None:
+    assert seed_for("llama-3-8b", None) == PINNED_SEED
+    assert seed_for("llama-3-8b", "sql") == 16749727085675360982
+
+
+def test_pinned_byte_keys() -> None:
+    assert byte_block_keys(DATA[: 256 * 3 + 5], 256, PINNED_SEED) == (
+        18371211670851689417,
+        12873947391028781402,
+        10164541067240065050,
+    )
+    assert byte_block_keys(DATA, 4096, 16749727085675360982) == (11532983241746748292, 9274992212089017717)
+
+
+def test_pinned_byte_keys_across_the_struct_cut() -> None:
+    keys = byte_block_keys(DATA, 16, PINNED_SEED)
+    assert len(keys) == 640
+    assert keys[63:66] == (893407371863793011, 10360927180480935094, 16590669891742964360)
+    assert keys[-1] == 16217518073571934861
+
+
+def test_pinned_token_keys() -> None:
+    assert token_block_keys(list(range(100)), 16, PINNED_SEED)[:3] == (
+        6971691596987686841,
+        16927924542964865368,
+        7234850279761552627,
+    )
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    data=st.binary(max_size=3000),
+    block=st.integers(min_value=1, max_value=300),
+    seed=st.integers(min_value=0, max_value=2**64 - 1),
+)
+def test_the_chain_equals_the_plain_definition_on_any_input(data: bytes, block: int, seed: int) -> None:
+    assert byte_block_keys(data, block, seed) == reference_keys(data, block, seed)

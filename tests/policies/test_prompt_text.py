@@ -1,6 +1,8 @@
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from policies.prompt_text import canonical_chat_bytes, canonical_completion_bytes, pack_token_ids
 
@@ -174,3 +176,49 @@ def test_token_ids_out_of_range_are_refused(ids: list[Any]) -> None:
 
 def test_pack_token_ids_accepts_any_sequence() -> None:
     assert pack_token_ids((7, 2**32 - 1)) == b"\x07\x00\x00\x00\xff\xff\xff\xff"
+
+
+def test_pinned_chat_bytes() -> None:
+    """Literal bytes of the encoding in force when written: a faster path must produce the same."""
+    messages: list[Any] = [
+        {"role": "system", "content": "Be brief."},
+        {
+            "role": "user",
+            "name": "ann",
+            "content": [
+                {"type": "text", "text": "hi\x00"},
+                {"type": "image_url", "image_url": {"url": "http://x/a.png"}},
+            ],
+        },
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [{"function": {"name": "f", "arguments": "{}"}}],
+        },
+        {"role": "tool", "tool_call_id": "c1", "content": "42"},
+        7,
+    ]
+    assert canonical_chat_bytes(messages) == (
+        b"\x00Rsystem\x00TBe brief.\x00Ruser\x00Nann\x00Thi\x01\x02\x00Ximage_url\x00H649722555b46ad4e"
+        b"\x00Rassistant\x00Ff\x00A{}\x00Rtool\x00T42\x00Ic1\x00?int"
+    )
+
+
+class _NotPlainDict(dict[str, Any]):
+    """A mapping that is not exactly a dict: takes the general path, field by field."""
+
+
+_text = st.text(alphabet=st.sampled_from(["a", "é", " ", "\x00", "\x01", "\ud800", "R", "T"]), max_size=6)
+_field = st.one_of(st.none(), _text, st.integers(0, 3), st.lists(st.fixed_dictionaries({"type": _text})))
+_message = st.one_of(
+    st.fixed_dictionaries({"role": _text, "content": _text}),  # the fast path's shape
+    st.dictionaries(st.sampled_from(["role", "content", "name", "tool_call_id", "x"]), _field, max_size=3),
+    st.integers(),
+)
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.lists(_message, max_size=6))
+def test_the_common_shape_fast_path_encodes_as_the_general_path(messages: list[Any]) -> None:
+    general = [_NotPlainDict(m) if type(m) is dict else m for m in messages]
+    assert canonical_chat_bytes(messages) == canonical_chat_bytes(general)

@@ -25,4 +25,10 @@ class FreshFilter:
     def filter(self, ctx: SchedulingContext, candidates: Sequence[ReplicaState]) -> Sequence[ReplicaState]:
         now = ctx.now
         stale_after_s = ctx.stale_after_s
-        return [r for r in candidates if r.scraped_at is not None and now - r.scraped_at <= stale_after_s]
+        for r in candidates:
+            scraped = r.scraped_at
+            if scraped is None or not now - scraped <= stale_after_s:
+                return [
+                    s for s in candidates if s.scraped_at is not None and now - s.scraped_at <= stale_after_s
+                ]
+        return candidates  # the common case: every scrape is fresh, nothing to copy

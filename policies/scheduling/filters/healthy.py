@@ -18,4 +18,7 @@ class HealthyFilter:
     soft: ClassVar[bool] = False
 
     def filter(self, ctx: SchedulingContext, candidates: Sequence[ReplicaState]) -> Sequence[ReplicaState]:
-        return [r for r in candidates if r.healthy]
+        for r in candidates:
+            if not r.healthy:
+                return [r for r in candidates if r.healthy]
+        return candidates  # the common case: everyone is healthy, nothing to copy

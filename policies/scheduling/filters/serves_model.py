@@ -19,4 +19,7 @@ class ServesModelFilter:
 
     def filter(self, ctx: SchedulingContext, candidates: Sequence[ReplicaState]) -> Sequence[ReplicaState]:
         model = ctx.request.base_model
-        return [r for r in candidates if r.pool == model]
+        for r in candidates:
+            if r.pool != model:
+                return [r for r in candidates if r.pool == model]
+        return candidates  # the common case: the pool's replicas only, nothing to copy

@@ -30,8 +30,11 @@ class SlowStartFilter:
             raise ValueError(f"min_weight must be in (0, 1], got {self.min_weight}")
 
     def filter(self, ctx: SchedulingContext, candidates: Sequence[ReplicaState]) -> Sequence[ReplicaState]:
-        if all(r.ready_since is None for r in candidates):
-            return candidates
+        for r in candidates:
+            if r.ready_since is not None:
+                break
+        else:
+            return candidates  # the common case: nobody ramps, nothing to copy
         now, seq, floor = ctx.now, ctx.sequence, self.min_weight
         return [
             r

@@ -74,13 +74,17 @@ class NearBestPicker:
         near = 1
         while near < count and totals[order[near]] >= floor:
             near += 1
+        # Comprehensions throughout: a tuple's __getitem__ through map is a slot-wrapper call (~600
+        # instructions per candidate) and a key lambda a frame per candidate; subscripts are specialised.
+        ranked = [candidates[i] for i in order]
         if near > 1:
             keys = ctx.request.prefix_keys
-            match = ctx.prefix_match
-            if self.hash_blocks and keys and not any(match.get(candidates[i].name) for i in order[:near]):
+            group = ranked[:near]
+            if self.hash_blocks and keys and not any([ctx.prefix_match.get(r.name) for r in group]):
                 seed = keys[min(len(keys), self.hash_blocks) - 1]
-                start = max(range(near), key=lambda j: _hash(candidates[order[j]].name.encode(), seed))
+                draws = [_hash(r.name.encode(), seed) for r in group]
+                start = draws.index(max(draws))  # the first of equal draws, as max(key=...) took
             else:
                 start = int(rng.random() * near)
-            order[:near] = order[start:near] + order[:start]
-        return list(map(candidates.__getitem__, order))
+            ranked[:near] = group[start:] + group[:start]
+        return ranked

@@ -60,13 +60,18 @@ class PredictedLatencyScorer:
         est = ctx.latency
         if est is None or not candidates:
             return [1.0] * len(candidates)
-        costs = predicted_ttfts(ctx, candidates, self.work_weight)
         if self.batch_weight:
-            stalls = batch_stalls(ctx, candidates)
+            stalls: list[float] = []
+            costs = est.costs(
+                candidates, ctx.request.prompt_tokens, ctx.prefix_match, ctx.now, ctx.stale_after_s,
+                self.work_weight, stalls,
+            )  # fmt: skip
             # Only the differences: a stall every candidate would cause is no reason to prefer one,
             # and added whole it would shrink every ratio below, widening the picker's margin.
             least, w = min(stalls), self.batch_weight
             costs = [c + w * (s - least) for c, s in zip(costs, stalls, strict=True)]
+        else:
+            costs = predicted_ttfts(ctx, candidates, self.work_weight)
         best = min(costs)
         scores = [best / t if t > 0.0 else 1.0 for t in costs]
         bound = self.tpot_slo_s
@@ -92,24 +97,12 @@ def predicted_ttfts(
 
 def batch_stalls(ctx: SchedulingContext, candidates: Sequence[ReplicaState]) -> list[float]:
     """Each candidate's running requests x the seconds of `ctx.request`'s own uncached prefill there
-    (`ctx.latency` must be set): the time its prefill holds up the batch decoding there. On the request
-    path for every candidate: `ReplicaState.is_fresh` and `LatencyEstimator.uncached_tokens` inlined,
-    and nothing computed for an idle replica (held bit for bit by the reference test)."""
+    (`ctx.latency` must be set): the time its prefill holds up the batch decoding there. The scorer
+    takes them from the same pass as the costs (`LatencyEstimator.costs`' `stalls`); this is that pass."""
     est = ctx.latency
     assert est is not None
-    prompt, get, block = ctx.request.prompt_tokens, ctx.prefix_match.get, est.block_tokens
-    now, stale = ctx.now, ctx.stale_after_s
-    out = []
-    for state in candidates:
-        running = state.in_flight
-        if state.running > running:  # other gateways' requests decode there too, if the scrape is fresh
-            scraped = state.scraped_at
-            if scraped is not None and now - scraped <= stale:
-                running = state.running
-        if not running:
-            out.append(0.0)
-            continue
-        held = get(state.name, 0) * block  # an int from the approximate index: int() only for a fraction
-        own = prompt - (held if held.__class__ is int else int(held))
-        out.append(running * est.prefill_s(state, own if own > 0 else 0))
-    return out
+    stalls: list[float] = []
+    est.costs(
+        candidates, ctx.request.prompt_tokens, ctx.prefix_match, ctx.now, ctx.stale_after_s, 0.0, stalls
+    )
+    return stalls
