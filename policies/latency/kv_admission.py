@@ -28,7 +28,7 @@ time per output token); the new request is admitted at the first end after which
 still in flight fit the replica's blocks. With the capacity unknown (no scrape of
 `vllm:cache_config_info` yet) there is no wait term.
 
-Pure: no I/O, no clock (callers pass `now`). A read costs O(n log n + n x groups) over the replica's
+Pure: no I/O, no clock (callers pass `now`). A read costs O(n log n) over the replica's
 requests in flight; it is made once per dispatch (the ticket), not per routing candidate.
 """
 
@@ -73,13 +73,30 @@ def admission_wait_s(now: float, in_flight: Sequence[Held], new: Held, capacity_
     unknown (<= 0). A request too large for the replica even alone waits for all of them."""
     if capacity_blocks <= 0:
         return 0.0
-    rest = [*in_flight, new]
-    if held_blocks(rest) <= capacity_blocks:
-        return 0.0
     order = sorted(in_flight, key=lambda r: r.end_at)
-    for i, r in enumerate(order):
-        if held_blocks([*order[i + 1 :], new]) <= capacity_blocks:
-            return max(r.end_at - now, 0.0)
+    # held[j]: blocks that `new` and the requests still in flight once order[:j] ended hold together,
+    # built from the latest end backwards (a group's shared blocks: the largest seen so far).
+    n = len(order)
+    held = [0] * (n + 1)
+    private = 0
+    shared: dict[int, int] = {}
+    shared_total = 0
+    for j in range(n, -1, -1):
+        r = new if j == n else order[j]
+        if r.group is None or r.shared <= 0:
+            private += r.blocks
+        else:
+            private += r.blocks - r.shared
+            top = shared.get(r.group, 0)
+            if top < r.shared:
+                shared[r.group] = r.shared
+                shared_total += r.shared - top
+        held[j] = private + shared_total
+    if held[0] <= capacity_blocks:
+        return 0.0
+    for j in range(1, n + 1):
+        if held[j] <= capacity_blocks:
+            return max(order[j - 1].end_at - now, 0.0)
     return max(order[-1].end_at - now, 0.0) if order else 0.0
 
 
