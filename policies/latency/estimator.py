@@ -188,12 +188,14 @@ class LatencyEstimator:
         kv_wait = 0.0
         ledger = self._kv.get(state.name)
         if ledger is not None and prompt_tokens > 0:
-            kv_wait = ledger.wait_s(now, tpot, state.block_size, state.num_gpu_blocks, prompt_tokens,
-                                    prefix_keys)  # fmt: skip
+            kv_wait, with_tokens = ledger.wait_s(
+                now, tpot, state.block_size, state.num_gpu_blocks, prompt_tokens, prefix_keys,
+                model.prefill_s(1.0),
+            )  # fmt: skip
             if kv_wait > 0:
-                # Admitted once blocks are free: its prefill then follows what is still ahead of it
-                # (kvgate's requests predicted to have no first token by then), no step under way.
-                later = model.ttft_s(ledger.prefill_after(now + kv_wait), uncached, batch, 0.0)
+                # Admitted once blocks are free: its prefill then shares steps with the requests
+                # admitted at that instant, and no step is under way for it to wait for.
+                later = model.ttft_s(float(with_tokens), uncached, batch, 0.0)
                 if kv_wait + later > ttft:
                     ttft = kv_wait + later
         self._idents += 1

@@ -22,10 +22,15 @@ Blocks are counted as the engine counts them:
   but unreferenced (the engine takes evictable hits out of the free pool as well), so only sharing
   with requests in flight lowers what it needs.
 
-`admission_wait_s`: the requests in flight (running, or queued ahead of the new one: they are
-admitted first) end in order of their predicted end (first token + output tokens x the predicted
-time per output token); the new request is admitted at the first end after which it and everything
-still in flight fit the replica's blocks. With the capacity unknown (no scrape of
+`admission_wait_s` plays the replica's queue forward: the requests whose first token came are
+running and free their blocks at their predicted end (first token + output tokens x the predicted
+time per output token); the others are queued ahead of the new request in dispatch order (FCFS;
+one already admitted but still prefilling is admitted at once by the play, as it fits), each
+admitted as soon as it fits and then holding its blocks for its prefill and output; the new request
+is admitted when it fits beside what is held then. Its TTFT is that wait, then its prefill with
+the queued requests admitted at the same instant (`LatencyEstimator.predict`). Queued requests are
+not dated by their own tickets' TTFTs: those came from a prefill fit that absorbs queueing, and
+chaining them compounded the error. With the capacity unknown (no scrape of
 `vllm:cache_config_info` yet) there is no wait term.
 
 Pure: no I/O, no clock (callers pass `now`). A read costs O(n log n) over the replica's
@@ -34,6 +39,7 @@ requests in flight; it is made once per dispatch (the ticket), not per routing c
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -44,60 +50,117 @@ LOST_AFTER_S = 600.0
 
 @dataclass(frozen=True, slots=True)
 class Held:
-    """One request's claim on a replica's KV at a read: it frees `blocks` at `end_at`, `shared` of
-    them referenced with the other members of prefix group `group` (None: shares nothing)."""
+    """One request's claim on a replica's KV at a read: `blocks`, `shared` of them referenced with the
+    other members of prefix group `group` (None: shares nothing). A running request frees them at
+    `end_at`; a queued one, `duration` seconds after it is admitted, and has `tokens` to prefill."""
 
     end_at: float
     blocks: int
     group: int | None = None
     shared: int = 0
+    duration: float = 0.0
+    tokens: int = 0
 
 
 def held_blocks(requests: Sequence[Held]) -> int:
     """Blocks `requests` hold together: each group's shared prefix counted once (module docstring)."""
-    total = 0
-    shared: dict[int, int] = {}
+    pool = _Pool()
     for r in requests:
-        if r.group is None or r.shared <= 0:
-            total += r.blocks
-            continue
-        total += r.blocks - r.shared
-        if shared.get(r.group, 0) < r.shared:
-            shared[r.group] = r.shared
-    return total + sum(shared.values())
+        pool.add(r)
+    return pool.total
 
 
-def admission_wait_s(now: float, in_flight: Sequence[Held], new: Held, capacity_blocks: int) -> float:
-    """Seconds from `now` until `new` can be admitted: 0 when it fits beside everything `in_flight`;
-    else until enough of them (earliest predicted end first) have ended. 0 when `capacity_blocks` is
-    unknown (<= 0). A request too large for the replica even alone waits for all of them."""
-    if capacity_blocks <= 0:
-        return 0.0
-    order = sorted(in_flight, key=lambda r: r.end_at)
-    # held[j]: blocks that `new` and the requests still in flight once order[:j] ended hold together,
-    # built from the latest end backwards (a group's shared blocks: the largest seen so far).
-    n = len(order)
-    held = [0] * (n + 1)
-    private = 0
-    shared: dict[int, int] = {}
-    shared_total = 0
-    for j in range(n, -1, -1):
-        r = new if j == n else order[j]
+class _Pool:
+    """The blocks a changing set of requests holds (`held_blocks`, kept as requests come and go).
+    Per group: how many members share each prefix length, and the largest (the group's blocks)."""
+
+    __slots__ = ("_groups", "_private", "_shared", "total")
+
+    def __init__(self) -> None:
+        self._private = 0
+        self._shared = 0
+        self._groups: dict[int, tuple[dict[int, int], int]] = {}  # group -> (shared -> count, top)
+        self.total = 0
+
+    def with_(self, r: Held) -> int:
+        """`total` if `r` joined."""
         if r.group is None or r.shared <= 0:
-            private += r.blocks
+            return self.total + r.blocks
+        known = self._groups.get(r.group)
+        top = known[1] if known is not None else 0
+        return self.total + r.blocks - r.shared + (r.shared - top if r.shared > top else 0)
+
+    def add(self, r: Held) -> None:
+        if r.group is None or r.shared <= 0:
+            self._private += r.blocks
         else:
-            private += r.blocks - r.shared
-            top = shared.get(r.group, 0)
-            if top < r.shared:
-                shared[r.group] = r.shared
-                shared_total += r.shared - top
-        held[j] = private + shared_total
-    if held[0] <= capacity_blocks:
-        return 0.0
-    for j in range(1, n + 1):
-        if held[j] <= capacity_blocks:
-            return max(order[j - 1].end_at - now, 0.0)
-    return max(order[-1].end_at - now, 0.0) if order else 0.0
+            self._private += r.blocks - r.shared
+            counts, top = self._groups.get(r.group) or ({}, 0)
+            counts[r.shared] = counts.get(r.shared, 0) + 1
+            if r.shared > top:
+                self._shared += r.shared - top
+                top = r.shared
+            self._groups[r.group] = (counts, top)
+        self.total = self._private + self._shared
+
+    def remove(self, r: Held) -> None:
+        if r.group is None or r.shared <= 0:
+            self._private -= r.blocks
+        else:
+            self._private -= r.blocks - r.shared
+            counts, top = self._groups[r.group]
+            left = counts[r.shared] - 1
+            if left:
+                counts[r.shared] = left
+            else:
+                del counts[r.shared]
+            if not counts:
+                del self._groups[r.group]
+                self._shared -= top
+            elif r.shared == top and not left:
+                new_top = max(counts)
+                self._shared -= top - new_top
+                self._groups[r.group] = (counts, new_top)
+        self.total = self._private + self._shared
+
+
+def admission_wait_s(
+    now: float, running: Sequence[Held], queued: Sequence[Held], new: Held, capacity_blocks: int
+) -> tuple[float, int]:
+    """When `new`, queued behind `queued` (FCFS, in that order), is admitted on a replica of
+    `capacity_blocks` blocks where `running` hold theirs: (seconds from `now`, the prefill tokens of
+    the queued requests admitted at the same instant, which share its first steps).
+
+    The engine's queue played forward: the head is admitted as soon as it fits beside what is held
+    (then it holds its blocks for its `duration`), else the earliest end frees its blocks. A request
+    that does not fit even alone is admitted once nothing else is held. (0, 0) when
+    `capacity_blocks` is unknown (<= 0)."""
+    if capacity_blocks <= 0:
+        return 0.0, 0
+    pool = _Pool()
+    ends: list[tuple[float, int, Held]] = []
+    for i, r in enumerate(running):
+        pool.add(r)
+        ends.append((r.end_at, i, r))
+    heapq.heapify(ends)
+    order = len(running)
+    t = now
+    batch_at, batch_tokens = now, 0  # the queued requests admitted at `batch_at` (their prefill)
+    for r in [*queued, new]:
+        while ends and pool.with_(r) > capacity_blocks:
+            end, _, done = heapq.heappop(ends)
+            pool.remove(done)
+            if end > t:
+                t = end
+        if r is new:
+            return t - now, batch_tokens if batch_at == t else 0
+        if batch_at != t:
+            batch_at, batch_tokens = t, 0
+        batch_tokens += r.tokens
+        pool.add(r)
+        order += 1
+        heapq.heappush(ends, (t + r.duration, order, r))
+    raise AssertionError("unreachable: `new` is the last of the loop")
 
 
 @dataclass(slots=True)
@@ -173,11 +236,6 @@ class KvLedger:
             entry.first_at = at
             entry.observed = True
 
-    def prefill_after(self, at: float) -> int:
-        """Uncached tokens of the requests whose first token has not come and is predicted after
-        `at`: the prefill still ahead of a request admitted at `at` (FCFS: they were sent before)."""
-        return sum(e.uncached_tokens for e in self._entries.values() if not e.observed and e.first_at > at)
-
     def remove(self, ident: int) -> None:
         """Request `ident` ended (whatever the outcome): its blocks are free. Unknown idents: no-op."""
         entry = self._entries.pop(ident, None)
@@ -189,35 +247,49 @@ class KvLedger:
         else:
             self._groups[entry.group] = (keys, members - 1)
 
-    def held(self, now: float, tpot_s: float, block_size: int) -> list[Held]:
-        """Each request's claim at `now`: blocks for its prompt and the tokens generated by now, freed
-        at its first token + output tokens x `tpot_s` (not before `now` for one still held). Drops
-        entries lost long ago (`LOST_AFTER_S`)."""
-        out: list[Held] = []
+    def held(self, now: float, tpot_s: float, block_size: int,
+             prefill_s_per_token: float = 0.0) -> tuple[list[Held], list[Held]]:  # fmt: skip
+        """(running, queued) at `now`. Running: the requests whose first token came; they hold blocks
+        for their prompt and the tokens generated by now, and free them at their first token + output
+        tokens x `tpot_s` (not before `now`). Queued: the others, in dispatch order (the engine's
+        FCFS), each holding its prompt's blocks for its prefill (`prefill_s_per_token`) and output
+        once admitted. Drops entries lost long ago (`LOST_AFTER_S`)."""
+        running: list[Held] = []
+        queued: list[Held] = []
         lost: list[int] = []
         for ident, e in self._entries.items():
-            first = e.first_at if e.observed or e.first_at > now else now
-            end = first + e.output_tokens * tpot_s
+            shared = e.shared_tokens // block_size
+            decode = e.output_tokens * tpot_s
+            if not e.observed:
+                if e.first_at + decode + LOST_AFTER_S < now:
+                    lost.append(ident)
+                    continue
+                duration = e.uncached_tokens * prefill_s_per_token + decode
+                blocks = -(-e.prompt_tokens // block_size)
+                queued.append(Held(now, blocks, e.group, shared, duration, e.uncached_tokens))
+                continue
+            end = e.first_at + decode
             if end + LOST_AFTER_S < now:
                 lost.append(ident)
                 continue
             generated = 0
-            if e.observed and now > e.first_at and tpot_s > 0:
+            if now > e.first_at and tpot_s > 0:
                 generated = min(int((now - e.first_at) / tpot_s) + 1, e.output_tokens)
-            tokens = e.prompt_tokens + generated
-            blocks = -(-tokens // block_size)
-            out.append(Held(end if end > now else now, blocks, e.group, e.shared_tokens // block_size))
+            blocks = -(-(e.prompt_tokens + generated) // block_size)
+            running.append(Held(end if end > now else now, blocks, e.group, shared))
         for ident in lost:
             self.remove(ident)
-        return out
+        return running, queued
 
     def wait_s(self, now: float, tpot_s: float, block_size: int, capacity_blocks: int,
-               prompt_tokens: int, prefix_keys: Sequence[int] = ()) -> float:  # fmt: skip
+               prompt_tokens: int, prefix_keys: Sequence[int] = (),
+               prefill_s_per_token: float = 0.0) -> tuple[float, int]:  # fmt: skip
         """`admission_wait_s` of a new `prompt_tokens` prompt with `prefix_keys` behind this ledger's
         requests, on a replica of `capacity_blocks` blocks of `block_size` tokens."""
         if capacity_blocks <= 0 or block_size < 1 or not self._entries:
-            return 0.0
+            return 0.0, 0
         group = prefix_keys[0] if prefix_keys else None
         shared = min(self.shared_tokens(prefix_keys), prompt_tokens) // block_size
         new = Held(now, -(-prompt_tokens // block_size), group, shared if group is not None else 0)
-        return admission_wait_s(now, self.held(now, tpot_s, block_size), new, capacity_blocks)
+        running, queued = self.held(now, tpot_s, block_size, prefill_s_per_token)
+        return admission_wait_s(now, running, queued, new, capacity_blocks)
