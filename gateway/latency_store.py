@@ -11,7 +11,8 @@ is what scheduling reads). This glues them to the request path (gateway/proxy.py
   TTFT (attempt start to first chunk) calibrates the replica's model when the prediction's inputs
   were fresh, and |predicted - actual| / actual goes to `kvgate_ttft_prediction_error_ratio`;
 - `ended` after the attempt, whatever happened: the ledger lets go of a request that never had a
-  first token, and a stream's mean time per output token calibrates the decode model.
+  first token, the KV-block ledger (`policies.latency.kv_admission`) lets go of every request (its
+  blocks are free), and a stream's mean time per output token calibrates the decode model.
 
 A non-streaming answer has no first-token time: it leaves the ledger when its prefill is predicted
 done (or when it ends, if sooner), so the latency gate does not count it as work ahead of the next
@@ -45,6 +46,8 @@ class LatencyStore:
     def first_token(self, ticket: Prediction, ttft_s: float) -> float | None:
         est = self.estimator
         est.prefilled(ticket)
+        if ticket.at is not None:
+            est.started(ticket, ticket.at + ttft_s)
         error = est.observe_ttft(ticket, ttft_s)
         if error is not None:
             if self._metrics is not None:
@@ -58,10 +61,14 @@ class LatencyStore:
         return error
 
     def ended(self, ticket: Prediction, had_first_token: bool, tpot_s: float | None = None) -> None:
+        """The attempt of `ticket` ended, whatever happened: it leaves the pending-prefill ledger if
+        it never had a first token, and the KV-block ledger in any case (its blocks are free)."""
+        est = self.estimator
         if not had_first_token:
-            self.estimator.prefilled(ticket)
+            est.prefilled(ticket)
         elif tpot_s is not None:
-            self.estimator.observe_tpot(ticket, tpot_s)
+            est.observe_tpot(ticket, tpot_s)
+        est.ended(ticket)
 
     def forget(self, replica: str) -> None:
         """The replica left or restarted: its model and its error series go."""

@@ -270,7 +270,10 @@ class Router:
         """The latency ticket of a dispatch of `info` to `replica`, believed to hold `matched` index
         blocks of its prompt (pass it to `LatencyEstimator.dispatched`)."""
         est = self.latency
-        return est.predict(replica, est.uncached_tokens(info.prompt_tokens, matched), now, self._stale_after)
+        return est.predict(
+            replica, est.uncached_tokens(info.prompt_tokens, matched), now, self._stale_after,
+            prompt_tokens=info.prompt_tokens, output_tokens=info.max_tokens, prefix_keys=info.prefix_keys,
+        )  # fmt: skip
 
     def _exact_match(
         self, info: RequestInfo, names: list[str], approx: Mapping[str, float], now: float

@@ -4,8 +4,12 @@
 - `rls`: a two-coefficient recursive least squares fit with forgetting and bounds.
 - `replica_model`: one replica's model: TTFT = fixed + seconds per uncached prefill token x (work ahead
   + own uncached prompt); TPOT = decode step + seconds per KV token read x batch context.
-- `estimator`: every replica's model, the pending-prefill ledger of kvgate's own dispatches, and the
-  tickets that carry a dispatch's prediction inputs to its observation.
+- `kv_admission`: the wait for free KV blocks before a replica admits a request, from kvgate's
+  requests in flight there (their prompts, output caps, first tokens and prefix groups) and the
+  replica's KV capacity.
+- `estimator`: every replica's model, the pending-prefill ledger of kvgate's own dispatches, the KV
+  ledger of its requests in flight, and the tickets that carry a dispatch's prediction inputs to its
+  observation.
 
 Pure: no I/O, no clock of its own (callers pass `now`).
 """

@@ -3,8 +3,13 @@
 The request path asks it twice. Scheduling (the `predicted-latency` scorer) calls `ttft_s` for each
 candidate: a few float operations, no allocation beyond the replica's model on first sight. The
 dispatch (each attempt) calls `predict` for the replica tried and `dispatched` with the result: the
-`Prediction` is the ticket the gateway keeps until the answer's first token (`prefilled`, then
-`observe_ttft`) and its end (`observe_tpot`). Observations calibrate the replica's model only when the
+`Prediction` is the ticket the gateway keeps until the answer's first token (`prefilled`, `started`,
+then `observe_ttft`) and its end (`observe_tpot`, `ended`). A ticket predicted with the request's
+prompt and output cap also joins the replica's KV ledger (`kv_admission`) until `ended`: the TTFT of
+a later request there includes its wait for free KV blocks, when the replica's capacity is known. The
+TTFT fit still calibrates on the whole observed TTFT less the step under way (the KV wait is not
+subtracted: measured, subtracting it moved routing and cost goodput; docs/benchmarks.md, "KV-block
+admission in the TTFT model"). Observations calibrate the replica's model only when the
 prediction's inputs were fresh (its scrape within `stale_after_s` at dispatch): a TTFT that waited
 behind a queue the gateway could not see says nothing about the replica's prefill rate.
 
@@ -18,6 +23,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from types import MappingProxyType
 
+from policies.latency.kv_admission import KvLedger
 from policies.latency.prior import LatencyPrior
 from policies.latency.replica_model import ReplicaLatencyModel
 from policies.types import ReplicaState
@@ -38,13 +44,21 @@ class Prediction:
     fresh: bool  # the replica's scrape was fresh at dispatch: observations may calibrate
     at: float | None = None  # when predicted (the caller's `now`): dates the dispatch in the ledger
     due_at: float | None = None  # no first token will come back: the ledger lets it go at this time
+    # The KV-block admission ledger's inputs (`kv_admission`): the ticket's number there, the prompt
+    # and output cap it holds blocks for, its prefix keys (its group), and the predicted wait for
+    # free blocks that `ttft_s` includes.
+    ident: int = 0
+    prompt_tokens: int = 0
+    output_tokens: int = 0
+    prefix_keys: tuple[int, ...] = ()
+    kv_wait_s: float = 0.0
 
 
 class LatencyEstimator:
     """Per-replica `ReplicaLatencyModel`s (module docstring). `block_tokens` is the prefix index's
     block size in tokens: `prefix_match` counts convert to cached tokens with it."""
 
-    __slots__ = ("_models", "block_tokens", "default_prior", "priors")
+    __slots__ = ("_idents", "_kv", "_models", "block_tokens", "default_prior", "priors")
 
     def __init__(
         self,
@@ -58,6 +72,10 @@ class LatencyEstimator:
         self.priors: Mapping[str, LatencyPrior] = MappingProxyType(dict(priors or {}))
         self.default_prior = default_prior or LatencyPrior()
         self._models: dict[str, ReplicaLatencyModel] = {}
+        # Per replica, kvgate's requests in flight there as KV blocks (kept across a reload of the
+        # priors: the requests are still there).
+        self._kv: dict[str, KvLedger] = {}
+        self._idents = 0
 
     def set_priors(self, priors: Mapping[str, LatencyPrior], default_prior: LatencyPrior) -> None:
         """New priors (a reload). When they differ from the old ones every replica starts over from
@@ -82,6 +100,7 @@ class LatencyEstimator:
     def forget(self, replica: str) -> None:
         """The replica left (or restarted at a new address): its calibration and ledger go."""
         self._models.pop(replica, None)
+        self._kv.pop(replica, None)
 
     def uncached_tokens(self, prompt_tokens: int, matched_blocks: float) -> int:
         """The prompt's tokens a replica believed to hold `matched_blocks` index blocks must prefill."""
@@ -153,13 +172,42 @@ class LatencyEstimator:
         fresh = state.scraped_at is not None and now - state.scraped_at <= stale_after_s
         return model.tpot_s(model.batch_kv_tokens(state, fresh))
 
-    def predict(self, state: ReplicaState, uncached: int, now: float, stale_after_s: float) -> Prediction:
-        """The ticket for a dispatch to `state`'s replica (pass it to `dispatched`)."""
+    def predict(
+        self,
+        state: ReplicaState,
+        uncached: int,
+        now: float,
+        stale_after_s: float,
+        *,
+        prompt_tokens: int = 0,
+        output_tokens: int = 0,
+        prefix_keys: tuple[int, ...] = (),
+    ) -> Prediction:
+        """The ticket for a dispatch to `state`'s replica (pass it to `dispatched`). With
+        `prompt_tokens` (and the request's output cap and prefix keys) the ticket joins the replica's
+        KV-block ledger at dispatch, and its TTFT includes the wait for free KV blocks
+        (`kv_admission`) when the replica's capacity is known (`state.num_gpu_blocks`)."""
         model = self.model(state.name, state.pool)
         fresh = state.scraped_at is not None and now - state.scraped_at <= stale_after_s
         ahead = model.tokens_ahead(state, fresh, now)
         batch = model.batch_kv_tokens(state, fresh)
         wait = model.wait_s(batch, now, model.in_step_tokens(state, fresh))
+        tpot = model.tpot_s(batch)
+        ttft = model.ttft_s(ahead, uncached, batch, wait)
+        kv_wait = 0.0
+        ledger = self._kv.get(state.name)
+        if ledger is not None and prompt_tokens > 0:
+            kv_wait, with_tokens = ledger.wait_s(
+                now, tpot, state.block_size, state.num_gpu_blocks, prompt_tokens, prefix_keys,
+                model.prefill_s(1.0),
+            )  # fmt: skip
+            if kv_wait > 0:
+                # Admitted once blocks are free: its prefill then shares steps with the requests
+                # admitted at that instant, and no step is under way for it to wait for.
+                later = model.ttft_s(float(with_tokens), uncached, batch, 0.0)
+                if kv_wait + later > ttft:
+                    ttft = kv_wait + later
+        self._idents += 1
         return Prediction(
             replica=state.name,
             pool=state.pool,
@@ -167,10 +215,15 @@ class LatencyEstimator:
             uncached_tokens=uncached,
             batch_kv_tokens=batch,
             wait_s=wait,
-            ttft_s=model.ttft_s(ahead, uncached, batch, wait),
-            tpot_s=model.tpot_s(batch),
+            ttft_s=ttft,
+            tpot_s=tpot,
             fresh=fresh,
             at=now,
+            ident=self._idents,
+            prompt_tokens=prompt_tokens,
+            output_tokens=output_tokens,
+            prefix_keys=prefix_keys,
+            kv_wait_s=kv_wait,
         )
 
     def dispatched(self, p: Prediction, now: float | None = None) -> Prediction:
@@ -181,7 +234,32 @@ class LatencyEstimator:
         if now is not None:
             p = replace(p, due_at=now + p.ttft_s)
         self.model(p.replica, p.pool).dispatched(p.uncached_tokens, p.at, p.due_at)
+        if p.prompt_tokens > 0 and p.at is not None:
+            ledger = self._kv.get(p.replica)
+            if ledger is None:
+                ledger = self._kv[p.replica] = KvLedger(self.block_tokens)
+            ledger.add(p.ident, p.prompt_tokens, p.output_tokens, p.at + p.ttft_s, p.prefix_keys,
+                       p.uncached_tokens)  # fmt: skip
         return p
+
+    def started(self, p: Prediction, at: float) -> None:
+        """Ticket `p`'s request's first token came at `at` (the caller's clock, as `now`): it is
+        running, and the KV ledger dates its end from `at`."""
+        ledger = self._kv.get(p.replica)
+        if ledger is not None:
+            ledger.first_token(p.ident, at)
+
+    def ended(self, p: Prediction) -> None:
+        """Ticket `p`'s request ended, whatever the outcome: its KV blocks are free (it leaves the
+        replica's KV ledger). Call once per `dispatched`, after `prefilled`."""
+        ledger = self._kv.get(p.replica)
+        if ledger is not None:
+            ledger.remove(p.ident)
+
+    def kv_in_flight(self, replica: str) -> int:
+        """Requests the KV ledger holds on `replica` (dispatched, not ended)."""
+        ledger = self._kv.get(replica)
+        return len(ledger) if ledger is not None else 0
 
     def prefilled(self, p: Prediction) -> None:
         """Ticket `p`'s request got its first token, or ended without one: no longer ahead of others

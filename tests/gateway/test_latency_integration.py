@@ -47,6 +47,25 @@ async def test_predictions_are_made_observed_and_exported() -> None:
         assert sum(m.ttft.observations for m in models.values()) > 0
         assert sum(m.tpot.observations for m in models.values()) > 0
         assert all(m.pending_tokens == 0 and m.pending_requests == 0 for m in models.values())
+        # Every ended request left the KV-block ledger too (its blocks are free).
+        assert [s.gateway.router.latency.kv_in_flight(r) for r in ("r0", "r1")] == [0, 0]
+
+
+async def test_the_kv_ledger_holds_a_stream_until_it_ends() -> None:
+    async with stack(replicas=1, time_scale=4.0) as s:
+        est = s.gateway.router.latency
+        body = chat(PROMPT, max_tokens=8, stream=True)
+        async with s.client.stream("POST", "/v1/chat/completions", json=body) as r:
+            assert r.status_code == 200
+            chunks = r.aiter_bytes()
+            await chunks.__anext__()
+            assert est.kv_in_flight("r0") == 1  # dispatched, not ended
+            async for _ in chunks:
+                pass
+        assert est.kv_in_flight("r0") == 0
+        answer = await s.client.post("/v1/chat/completions", json=chat(PROMPT, max_tokens=4))
+        assert answer.status_code == 200
+        assert est.kv_in_flight("r0") == 0  # a non-streaming answer leaves it at its end as well
 
 
 async def test_a_non_streaming_answer_leaves_the_ledger_without_calibrating() -> None:

@@ -58,3 +58,16 @@ def test_a_reload_with_new_priors_starts_the_replicas_over() -> None:
     assert router.latency.models() == {}
     prior = new.models[0].latency_prior
     assert prior is not None and router.latency.model("r0", "m").prior == prior.prior()
+
+
+def test_ended_drops_the_request_from_the_kv_ledger_with_or_without_a_first_token() -> None:
+    est = LatencyEstimator(64)
+    store = LatencyStore(est)
+    streamed = store.dispatch(est.predict(state("r0"), 700, NOW, 1.0, prompt_tokens=700, output_tokens=8))
+    failed = store.dispatch(est.predict(state("r0"), 700, NOW, 1.0, prompt_tokens=700, output_tokens=8))
+    assert est.kv_in_flight("r0") == 2
+    store.first_token(streamed, 0.05)
+    assert est.kv_in_flight("r0") == 2  # running: it holds its blocks until it ends
+    store.ended(streamed, True, 0.01)
+    store.ended(failed, False)
+    assert est.kv_in_flight("r0") == 0

@@ -138,3 +138,17 @@ def test_a_multi_turn_workload_reaches_the_session_map_only_with_its_header() ->
 
     assert session_score("x-session-id") == 1.0
     assert session_score(None) == 0.0
+
+
+def test_the_kv_ledger_follows_dispatch_and_end_as_on_the_live_path() -> None:
+    gw, clock = model("predicted-latency")
+    est = gw.router.latency
+    routed = gw.route(gw.request_info("chat", chat("Ledger?")), clock.now)
+    name = gw.names[routed.replica]
+    assert routed.ticket is not None and routed.ticket.prompt_tokens == routed.info.prompt_tokens
+    assert routed.ticket.output_tokens == 8 and est.kv_in_flight(name) == 1
+    clock.now = 0.05
+    gw.first_token(routed, clock.now)
+    assert est.kv_in_flight(name) == 1
+    gw.finished(routed, True, 0.01)
+    assert est.kv_in_flight(name) == 0

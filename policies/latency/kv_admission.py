@@ -1,0 +1,295 @@
+"""KV-block admission: how long a request waits in a replica's queue for free KV blocks.
+
+vLLM's scheduler (and the simulator's, `simulator/scheduler.py`) admits the head of its waiting queue
+only when the blocks its prompt needs fit the free KV, where "free" counts cached prefix blocks no
+running request references (they are evicted to make room). A prompt that does not fit waits until
+running requests finish and free theirs, and everything queued behind it waits too (FCFS). The
+prefill rate of a replica says nothing about that wait; this module predicts it from what kvgate's
+dispatch ledger knows about the requests it sent there.
+
+The ledger (`KvLedger`, one per replica) holds each in-flight request of kvgate's: its prompt and
+predicted output tokens (the output cap: what the engine may generate before it frees the blocks),
+when its first token came (or is predicted to come), and the prefix group it shares blocks with.
+Blocks are counted as the engine counts them:
+
+- a request holds ceil((prompt + tokens generated so far) / block size) blocks;
+- requests of one prefix group reference the group's prefix blocks once: a group is keyed by the
+  first prefix key, its first member's keys are the group's, and each member shares the leading
+  keys it has in common with them (`shared` blocks). The blocks a set of requests holds is then
+  sum(blocks - shared) + the largest `shared` of each group's members in the set (exact for
+  members sharing a prefix of the first's);
+- the new request needs its blocks taken from the free pool even where the replica has them cached
+  but unreferenced (the engine takes evictable hits out of the free pool as well), so only sharing
+  with requests in flight lowers what it needs.
+
+`admission_wait_s` plays the replica's queue forward: the requests whose first token came are
+running and free their blocks at their predicted end (first token + output tokens x the predicted
+time per output token); the others are queued ahead of the new request in dispatch order (FCFS;
+one already admitted but still prefilling is admitted at once by the play, as it fits), each
+admitted as soon as it fits and then holding its blocks for its prefill and output; the new request
+is admitted when it fits beside what is held then. Its TTFT is that wait, then its prefill with
+the queued requests admitted at the same instant (`LatencyEstimator.predict`). Queued requests are
+not dated by their own tickets' TTFTs: those came from a prefill fit that absorbs queueing, and
+chaining them compounded the error. With the capacity unknown (no scrape of
+`vllm:cache_config_info` yet) there is no wait term.
+
+Pure: no I/O, no clock (callers pass `now`). A read costs O(n log n) over the replica's
+requests in flight; it is made once per dispatch (the ticket), not per routing candidate.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+# An entry whose predicted end passed this long ago is taken as lost (its end was never reported):
+# the ledger lets it go at the next read rather than hold its blocks forever.
+LOST_AFTER_S = 600.0
+
+
+@dataclass(frozen=True, slots=True)
+class Held:
+    """One request's claim on a replica's KV at a read: `blocks`, `shared` of them referenced with the
+    other members of prefix group `group` (None: shares nothing). A running request frees them at
+    `end_at`; a queued one, `duration` seconds after it is admitted, and has `tokens` to prefill."""
+
+    end_at: float
+    blocks: int
+    group: int | None = None
+    shared: int = 0
+    duration: float = 0.0
+    tokens: int = 0
+
+
+def held_blocks(requests: Sequence[Held]) -> int:
+    """Blocks `requests` hold together: each group's shared prefix counted once (module docstring)."""
+    pool = _Pool()
+    for r in requests:
+        pool.add(r)
+    return pool.total
+
+
+class _Pool:
+    """The blocks a changing set of requests holds (`held_blocks`, kept as requests come and go).
+    Per group: how many members share each prefix length, and the largest (the group's blocks)."""
+
+    __slots__ = ("_groups", "_private", "_shared", "total")
+
+    def __init__(self) -> None:
+        self._private = 0
+        self._shared = 0
+        self._groups: dict[int, tuple[dict[int, int], int]] = {}  # group -> (shared -> count, top)
+        self.total = 0
+
+    def with_(self, r: Held) -> int:
+        """`total` if `r` joined."""
+        if r.group is None or r.shared <= 0:
+            return self.total + r.blocks
+        known = self._groups.get(r.group)
+        top = known[1] if known is not None else 0
+        return self.total + r.blocks - r.shared + (r.shared - top if r.shared > top else 0)
+
+    def add(self, r: Held) -> None:
+        if r.group is None or r.shared <= 0:
+            self._private += r.blocks
+        else:
+            self._private += r.blocks - r.shared
+            counts, top = self._groups.get(r.group) or ({}, 0)
+            counts[r.shared] = counts.get(r.shared, 0) + 1
+            if r.shared > top:
+                self._shared += r.shared - top
+                top = r.shared
+            self._groups[r.group] = (counts, top)
+        self.total = self._private + self._shared
+
+    def remove(self, r: Held) -> None:
+        if r.group is None or r.shared <= 0:
+            self._private -= r.blocks
+        else:
+            self._private -= r.blocks - r.shared
+            counts, top = self._groups[r.group]
+            left = counts[r.shared] - 1
+            if left:
+                counts[r.shared] = left
+            else:
+                del counts[r.shared]
+            if not counts:
+                del self._groups[r.group]
+                self._shared -= top
+            elif r.shared == top and not left:
+                new_top = max(counts)
+                self._shared -= top - new_top
+                self._groups[r.group] = (counts, new_top)
+        self.total = self._private + self._shared
+
+
+def admission_wait_s(
+    now: float, running: Sequence[Held], queued: Sequence[Held], new: Held, capacity_blocks: int
+) -> tuple[float, int]:
+    """When `new`, queued behind `queued` (FCFS, in that order), is admitted on a replica of
+    `capacity_blocks` blocks where `running` hold theirs: (seconds from `now`, the prefill tokens of
+    the queued requests admitted at the same instant, which share its first steps).
+
+    The engine's queue played forward: the head is admitted as soon as it fits beside what is held
+    (then it holds its blocks for its `duration`), else the earliest end frees its blocks. A request
+    that does not fit even alone is admitted once nothing else is held. (0, 0) when
+    `capacity_blocks` is unknown (<= 0)."""
+    if capacity_blocks <= 0:
+        return 0.0, 0
+    pool = _Pool()
+    ends: list[tuple[float, int, Held]] = []
+    for i, r in enumerate(running):
+        pool.add(r)
+        ends.append((r.end_at, i, r))
+    heapq.heapify(ends)
+    order = len(running)
+    t = now
+    batch_at, batch_tokens = now, 0  # the queued requests admitted at `batch_at` (their prefill)
+    for r in [*queued, new]:
+        while ends and pool.with_(r) > capacity_blocks:
+            end, _, done = heapq.heappop(ends)
+            pool.remove(done)
+            if end > t:
+                t = end
+        if r is new:
+            return t - now, batch_tokens if batch_at == t else 0
+        if batch_at != t:
+            batch_at, batch_tokens = t, 0
+        batch_tokens += r.tokens
+        pool.add(r)
+        order += 1
+        heapq.heappush(ends, (t + r.duration, order, r))
+    raise AssertionError("unreachable: `new` is the last of the loop")
+
+
+@dataclass(slots=True)
+class _Entry:
+    prompt_tokens: int
+    output_tokens: int
+    uncached_tokens: int  # to prefill (as predicted at dispatch)
+    first_at: float  # predicted first token (replaced by the observed one when it comes)
+    observed: bool  # `first_at` is the observed first token
+    group: int | None
+    shared_tokens: int  # leading tokens in common with the group's first member
+
+
+def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+class KvLedger:
+    """kvgate's requests in flight on one replica, as their KV blocks (module docstring). Mutable;
+    keyed by the caller's ident (`LatencyEstimator` numbers its tickets)."""
+
+    __slots__ = ("_entries", "_groups", "key_tokens")
+
+    def __init__(self, key_tokens: int) -> None:
+        if key_tokens < 1:
+            raise ValueError(f"key_tokens must be >= 1, got {key_tokens}")
+        self.key_tokens = key_tokens  # tokens per prefix key (the prefix index's block)
+        self._entries: dict[int, _Entry] = {}
+        # group (its first key) -> (the group's keys: its first member's, members in the ledger)
+        self._groups: dict[int, tuple[tuple[int, ...], int]] = {}
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def shared_tokens(self, prefix_keys: Sequence[int]) -> int:
+        """Leading tokens a prompt with `prefix_keys` shares with its group's requests in flight."""
+        if not prefix_keys:
+            return 0
+        group = self._groups.get(prefix_keys[0])
+        if group is None:
+            return 0
+        return _common_prefix(prefix_keys, group[0]) * self.key_tokens
+
+    def add(self, ident: int, prompt_tokens: int, output_tokens: int, first_at: float,
+            prefix_keys: Sequence[int] = (), uncached_tokens: int = 0) -> None:  # fmt: skip
+        """Request `ident` was sent: `prompt_tokens` to hold, up to `output_tokens` to generate, its
+        first token predicted at `first_at`. Adding an ident already held replaces it."""
+        if ident in self._entries:
+            self.remove(ident)
+        group: int | None = None
+        shared = 0
+        if prefix_keys:
+            group = prefix_keys[0]
+            known = self._groups.get(group)
+            if known is None:
+                keys = tuple(prefix_keys)
+                self._groups[group] = (keys, 1)
+                shared = len(keys) * self.key_tokens
+            else:
+                shared = _common_prefix(prefix_keys, known[0]) * self.key_tokens
+                self._groups[group] = (known[0], known[1] + 1)
+        self._entries[ident] = _Entry(prompt_tokens, max(output_tokens, 1), uncached_tokens, first_at,
+                                      False, group, min(shared, prompt_tokens))  # fmt: skip
+
+    def first_token(self, ident: int, at: float) -> None:
+        """Request `ident`'s first token came at `at`: it is running, its end dates from `at`."""
+        entry = self._entries.get(ident)
+        if entry is not None:
+            entry.first_at = at
+            entry.observed = True
+
+    def remove(self, ident: int) -> None:
+        """Request `ident` ended (whatever the outcome): its blocks are free. Unknown idents: no-op."""
+        entry = self._entries.pop(ident, None)
+        if entry is None or entry.group is None:
+            return
+        keys, members = self._groups[entry.group]
+        if members <= 1:
+            del self._groups[entry.group]
+        else:
+            self._groups[entry.group] = (keys, members - 1)
+
+    def held(self, now: float, tpot_s: float, block_size: int,
+             prefill_s_per_token: float = 0.0) -> tuple[list[Held], list[Held]]:  # fmt: skip
+        """(running, queued) at `now`. Running: the requests whose first token came; they hold blocks
+        for their prompt and the tokens generated by now, and free them at their first token + output
+        tokens x `tpot_s` (not before `now`). Queued: the others, in dispatch order (the engine's
+        FCFS), each holding its prompt's blocks for its prefill (`prefill_s_per_token`) and output
+        once admitted. Drops entries lost long ago (`LOST_AFTER_S`)."""
+        running: list[Held] = []
+        queued: list[Held] = []
+        lost: list[int] = []
+        for ident, e in self._entries.items():
+            shared = e.shared_tokens // block_size
+            decode = e.output_tokens * tpot_s
+            if not e.observed:
+                if e.first_at + decode + LOST_AFTER_S < now:
+                    lost.append(ident)
+                    continue
+                duration = e.uncached_tokens * prefill_s_per_token + decode
+                blocks = -(-e.prompt_tokens // block_size)
+                queued.append(Held(now, blocks, e.group, shared, duration, e.uncached_tokens))
+                continue
+            end = e.first_at + decode
+            if end + LOST_AFTER_S < now:
+                lost.append(ident)
+                continue
+            generated = 0
+            if now > e.first_at and tpot_s > 0:
+                generated = min(int((now - e.first_at) / tpot_s) + 1, e.output_tokens)
+            blocks = -(-(e.prompt_tokens + generated) // block_size)
+            running.append(Held(end if end > now else now, blocks, e.group, shared))
+        for ident in lost:
+            self.remove(ident)
+        return running, queued
+
+    def wait_s(self, now: float, tpot_s: float, block_size: int, capacity_blocks: int,
+               prompt_tokens: int, prefix_keys: Sequence[int] = (),
+               prefill_s_per_token: float = 0.0) -> tuple[float, int]:  # fmt: skip
+        """`admission_wait_s` of a new `prompt_tokens` prompt with `prefix_keys` behind this ledger's
+        requests, on a replica of `capacity_blocks` blocks of `block_size` tokens."""
+        if capacity_blocks <= 0 or block_size < 1 or not self._entries:
+            return 0.0, 0
+        group = prefix_keys[0] if prefix_keys else None
+        shared = min(self.shared_tokens(prefix_keys), prompt_tokens) // block_size
+        new = Held(now, -(-prompt_tokens // block_size), group, shared if group is not None else 0)
+        running, queued = self.held(now, tpot_s, block_size, prefill_s_per_token)
+        return admission_wait_s(now, running, queued, new, capacity_blocks)
