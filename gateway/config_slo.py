@@ -6,7 +6,10 @@
 - `flow_control.predicted_admission`: the gate on (the default) or off; `flow_control.knee_factor`
   (> 1): with no SLO, a request is sent while its predicted TTFT on a replica stays within this many
   times its TTFT there unloaded; `flow_control.solo_knee_factor`: the knee while at most one tenant is active
-  in the pool (the larger of the two applies then; set it to `knee_factor` for one knee throughout).
+  in the pool (the larger of the two applies then; set it to `knee_factor` for one knee throughout);
+  `flow_control.light_knee_factor`: the knee of a tenant below its fair share while another is above
+  its own (the larger of it and `knee_factor` applies), a latency reserve the heavy tenant, held at
+  `knee_factor`, cannot use.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from policies.latency_admission import LatencySlo
 
 DEFAULT_KNEE_FACTOR = 1.25  # measured: docs/benchmarks.md, "Admission on predicted latency"
 DEFAULT_SOLO_KNEE_FACTOR = 1.5  # the same section: one tenant alone is not held below this
+DEFAULT_LIGHT_KNEE_FACTOR = 1.5  # the same section, "Third round": a light tenant's reserve above the knee
 
 
 class SloConfig(BaseModel):

@@ -2,7 +2,8 @@
 
     python -m loadtests.noisy_bench [--repeats 2] [--b-requests 40] [--slots 16]
         [--b-prompt-tokens 1024] [--output-jitter J] [--reserve R] [--no-flow-control]
-        [--predicted-admission {on,off}] [--knee-factor F] [--profile P] [--no-stream] [--seed S]
+        [--predicted-admission {on,off}] [--knee-factor F] [--light-knee-factor F] [--profile P]
+        [--knee-filter {on,off}] [--no-stream] [--seed S]
         [--out FILE.json]
 
 A simulated fleet (`kvgate sim`, 2 x llama-3-8b-h100 with 2,048 KV blocks, time scale 5, pinned
@@ -22,7 +23,9 @@ replica kept for tenants below their fair share (`flow_control.fair_share.reserv
 0 = plain work-conserving fair queuing); `--no-flow-control` turns the gateway's queue off, the
 reference for what fair queuing and shedding buy. `--predicted-admission on|off` sets
 `flow_control.predicted_admission` (default: kvgate's), `--knee-factor` its `knee_factor`,
-`--solo-knee-factor` its `solo_knee_factor`, `--profile` the scheduling profile; the pool's latency
+`--solo-knee-factor` its `solo_knee_factor`, `--light-knee-factor` its `light_knee_factor`,
+`--profile` the scheduling profile (`--knee-filter off`: that profile without its `latency-knee`
+filter, overridden under its own name); the pool's latency
 prior is the simulator's profile at its time scale either way. `--b-late S` pauses S wall seconds
 before the contended phase and starts B S seconds after A in it: past the fair-share window (10 s),
 B arrives as a newcomer to a pool A had alone (B's first five contended TTFTs are reported).
@@ -53,6 +56,7 @@ from loadtests.bench_processes import GatewayProcess, SimFleetProcess, choose_la
 from loadtests.measures import RequestTrace, percentile
 from loadtests.runner import LoadConfig, RunResult, run_load
 from loadtests.workloads import RandomWorkload
+from policies.scheduling.builtin_profiles import builtin_profile_spec
 
 TIME_SCALE = 5.0
 MODEL = "llama-3-8b"
@@ -68,6 +72,8 @@ def gateway_config(
     knee_factor: float | None = None,
     profile: str | None = None,
     solo_knee_factor: float | None = None,
+    light_knee_factor: float | None = None,
+    knee_filter: bool = True,
 ) -> dict[str, Any]:
     fair_share = {} if reserve is None else {"fair_share": {"reserve_per_replica": reserve}}
     gate: dict[str, Any] = {} if predicted is None else {"predicted_admission": predicted}
@@ -75,8 +81,16 @@ def gateway_config(
         gate["knee_factor"] = knee_factor
     if solo_knee_factor is not None:
         gate["solo_knee_factor"] = solo_knee_factor
+    if light_knee_factor is not None:
+        gate["light_knee_factor"] = light_knee_factor
     prior = {"profile": "llama-3-8b-h100", "time_scale": TIME_SCALE}
-    routing = {} if profile is None else {"scheduling": {"profile": profile}}
+    sched: dict[str, Any] = {} if profile is None else {"profile": profile}
+    if not knee_filter:  # the profile as it was before the filter: overridden by name without it
+        name = profile or "default"
+        spec = builtin_profile_spec(name)
+        spec["filters"] = [f for f in spec["filters"] if f["type"] != "latency-knee"]
+        sched["profiles"] = {name: spec}
+    routing = {"scheduling": sched} if sched else {}
     return {
         **routing,
         "server": {"host": "127.0.0.1", "port": free_port(), "log_level": "warning"},
@@ -291,7 +305,7 @@ async def run(args: argparse.Namespace) -> list[dict[str, Any]]:
             predicted = None if args.predicted_admission is None else args.predicted_admission == "on"
             cfg = gateway_config(
                 sim.urls, args.slots, not args.no_flow_control, args.reserve, predicted, args.knee_factor,
-                args.profile, args.solo_knee_factor,
+                args.profile, args.solo_knee_factor, args.light_knee_factor, args.knee_filter == "on",
             )  # fmt: skip
             async with GatewayProcess(cfg, logs / "gateway.yaml", layout.gateway_cpus, logs / "gw.log") as gw:
                 for k in range(args.repeats):
@@ -324,7 +338,14 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--knee-factor", type=float, help="flow_control.knee_factor (default: kvgate's)")
     p.add_argument("--solo-knee-factor", type=float, help="flow_control.solo_knee_factor (default: kvgate's)")
+    p.add_argument(
+        "--light-knee-factor", type=float, help="flow_control.light_knee_factor (default: kvgate's)"
+    )
     p.add_argument("--profile", help="scheduling.profile (default: kvgate's)")
+    p.add_argument(
+        "--knee-filter", choices=("on", "off"), default="on",
+        help="off: the profile without its latency-knee filter (the routing before it)",
+    )  # fmt: skip
     p.add_argument("--no-stream", action="store_true", help="non-streaming requests (one JSON answer each)")
     p.add_argument(
         "--b-late", type=float, default=0.0,
