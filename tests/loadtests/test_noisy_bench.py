@@ -86,3 +86,15 @@ def test_the_latency_gate_settings_reach_the_gateway_config() -> None:
     assert prior is not None and prior.profile == "llama-3-8b-h100"
     off = parse_config(noisy_bench.gateway_config(["http://127.0.0.1:1"], 16, predicted=False))
     assert not off.flow_control.predicted_admission
+
+
+def test_the_light_knee_and_the_profile_without_the_knee_filter() -> None:
+    urls = ["http://127.0.0.1:1"]
+    cfg = parse_config(noisy_bench.gateway_config(urls, slots=16, light_knee_factor=100.0))
+    assert cfg.flow_control.light_knee_factor == 100.0 and not cfg.scheduling.profiles
+    old = parse_config(
+        noisy_bench.gateway_config(urls, slots=16, profile="predicted-latency", knee_filter=False)
+    )
+    assert old.scheduling.profile == "predicted-latency"
+    filters = old.scheduling.profiles["predicted-latency"].model_dump()["filters"]
+    assert "latency-knee" not in [f["type"] for f in filters] and "fresh" in [f["type"] for f in filters]
