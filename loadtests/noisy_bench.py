@@ -3,7 +3,7 @@
     python -m loadtests.noisy_bench [--repeats 2] [--b-requests 40] [--slots 16]
         [--b-prompt-tokens 1024] [--output-jitter J] [--reserve R] [--no-flow-control]
         [--predicted-admission {on,off}] [--knee-factor F] [--light-knee-factor F] [--profile P]
-        [--knee-filter {on,off}] [--no-stream] [--seed S]
+        [--knee-filter {on,off}] [--no-stream] [--seed S] [--traces]
         [--out FILE.json]
 
 A simulated fleet (`kvgate sim`, 2 x llama-3-8b-h100 with 2,048 KV blocks, time scale 5, pinned
@@ -30,7 +30,9 @@ prior is the simulator's profile at its time scale either way. `--b-late S` paus
 before the contended phase and starts B S seconds after A in it: past the fair-share window (10 s),
 B arrives as a newcomer to a pool A had alone (B's first five contended TTFTs are reported).
 
-Reported per repeat: B's TTFT p50/p95/p99 solo and contended, the p95 ratio (issue #4 asks for
+Reported per repeat: B's contended TTFT split by whether one of A's requests got its first token
+from B's replica while B waited (`--traces`: each of B's requests with its replica and those
+counts, in the JSON), B's TTFT p50/p95/p99 solo and contended, the p95 ratio (issue #4 asks for
 <= 2x), B's end-to-end p50/p95, B's and A's statuses, and A's goodput. Latencies are simulated seconds
 (wall / time scale); the bands' `max_wait_s` is wall time.
 """
@@ -111,6 +113,44 @@ def gateway_config(
 def ttfts(traces: list[RequestTrace]) -> list[float]:
     """Simulated TTFTs of the successful requests."""
     return [(t.first_token - t.start) / TIME_SCALE for t in traces if t.ok and t.first_token is not None]
+
+
+def b_traces(b: RunResult, a: RunResult) -> list[dict[str, Any]]:
+    """Per B request (contended, sent order): when it was sent (simulated seconds from B's first),
+    its TTFT, its replica, and the first tokens of A's requests that came from its replica and from
+    the other ones while B waited for its own: A's prefills it waited behind or shared steps with
+    (from the client's side: A's dispatch time is not known, its first token is)."""
+    ok = sorted((t for t in b.traces if t.ok and t.first_token is not None), key=lambda t: t.start)
+    if not ok:
+        return []
+    a_firsts = [(t.replica, t.first_token) for t in a.traces if t.ok and t.first_token is not None]
+    t0 = ok[0].start
+    rows = []
+    for t in ok:
+        assert t.first_token is not None
+        during = [r for r, f in a_firsts if t.start < f <= t.first_token]
+        rows.append({
+            "sent_s": (t.start - t0) / TIME_SCALE,
+            "ttft_s": (t.first_token - t.start) / TIME_SCALE,
+            "replica": t.replica,
+            "a_first_tokens_same_replica": sum(r == t.replica for r in during),
+            "a_first_tokens_other_replicas": sum(r != t.replica for r in during),
+        })  # fmt: skip
+    return rows
+
+
+def trace_summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """B's TTFT p50/p95 (ms) split by whether one of A's first tokens came from B's replica while B
+    waited (B's prefill waited behind or beside one of A's)."""
+    out: dict[str, Any] = {}
+    for label, keep in (("a_prefill_same_replica", True), ("no_a_prefill_same_replica", False)):
+        xs = sorted(r["ttft_s"] for r in rows if (r["a_first_tokens_same_replica"] > 0) == keep)
+        out[label] = {
+            "n": len(xs),
+            "ttft_p50_ms": percentile(xs, 50) * 1e3 if xs else None,
+            "ttft_p95_ms": percentile(xs, 95) * 1e3 if xs else None,
+        }
+    return out
 
 
 def first_ttfts(result: RunResult, n: int) -> list[float | None]:
@@ -247,6 +287,7 @@ async def one_repeat(
     engine = engine_means(before, await engine_sums(replica_urls))
     b_queue = queue_share(b_before, await tenant_queue(url, "B"))
     s, c = describe(solo), describe(contended)
+    traces = b_traces(contended, noisy)
     ratio = c["ttft_p95_s"] / s["ttft_p95_s"] if s["ttft_p95_s"] and c["ttft_p95_s"] else None
     e2e_ratio = c["e2e_p95_s"] / s["e2e_p95_s"] if s["e2e_p95_s"] and c["e2e_p95_s"] else None
     return {
@@ -261,6 +302,8 @@ async def one_repeat(
         "a": describe(noisy),
         "engine_contended": engine,
         "b_queue_contended": b_queue,
+        "b_trace_summary": trace_summary(traces),
+        **({"b_traces": traces} if args.traces else {}),
     }
 
 
@@ -287,7 +330,12 @@ def report(k: int, r: dict[str, Any]) -> str:
         f"  engines while contended (A and B): mean TTFT {fmt(e['time_to_first_token_mean_s'], 1e3)} ms, "
         f"mean queue time {fmt(e['request_queue_time_mean_s'], 1e3)} ms\n"
         f"  B at kvgate while contended: {fmt(bq['queued_share'], 100)}% of its requests queued, "
-        f"mean wait {fmt(bq['queue_wait_mean_s'], 1e3)} ms"
+        f"mean wait {fmt(bq['queue_wait_mean_s'], 1e3)} ms\n"
+        f"  B's contended TTFT by A's prefills on its replica while it waited: "
+        + "; ".join(
+            f"{k.replace('_', ' ')}: n {v['n']}, p50/p95 {fmt(v['ttft_p50_ms'])}/{fmt(v['ttft_p95_ms'])} ms"
+            for k, v in r["b_trace_summary"].items()
+        )
     )
 
 
@@ -353,6 +401,11 @@ def main(argv: list[str] | None = None) -> int:
         "(more than the fair-share window, 10 s: B arrives as a newcomer to a pool A had alone)",
     )  # fmt: skip
     p.add_argument("--seed", type=int, default=0, help="the first repeat's seed (then +100 per repeat)")
+    p.add_argument(
+        "--traces", action="store_true",
+        help="also write B's contended requests one by one into --out (TTFT, replica, A's first tokens "
+        "while it waited)",
+    )  # fmt: skip
     p.add_argument("--out", help="write the figures as JSON")
     p.add_argument("--no-pin", action="store_true")
     args = p.parse_args(argv)
