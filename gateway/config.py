@@ -31,6 +31,7 @@ from gateway.config_simulator import SimulatorConfig as SimulatorConfig  # re-ex
 from gateway.config_slo import (
     DEFAULT_KNEE_FACTOR,
     DEFAULT_LIGHT_KNEE_FACTOR,
+    DEFAULT_LIGHT_RESERVE,
     DEFAULT_SOLO_KNEE_FACTOR,
     SloConfig,
 )
@@ -393,6 +394,7 @@ class FlowControlConfig(_Strict):
     knee_factor: float = Field(DEFAULT_KNEE_FACTOR, gt=1, le=100, allow_inf_nan=False)
     solo_knee_factor: float = Field(DEFAULT_SOLO_KNEE_FACTOR, gt=1, le=100, allow_inf_nan=False)
     light_knee_factor: float = Field(DEFAULT_LIGHT_KNEE_FACTOR, gt=1, le=100, allow_inf_nan=False)
+    light_reserve: int = Field(DEFAULT_LIGHT_RESERVE, ge=0, le=1024)  # the gate's room kept for light tenants
 
 
 class Config(_Strict):

@@ -49,6 +49,7 @@ HOT: Mapping[str, str] = {
     "flow_control.knee_factor": "admission queue, router (the `latency-knee` filter)",
     "flow_control.solo_knee_factor": "admission queue",
     "flow_control.light_knee_factor": "admission queue",
+    "flow_control.light_reserve": "admission queue",
     "headroom": "read at each /metrics scrape and GET /admin/pools (the default mix: until a pool's first "
     "answer)",
 }

@@ -2,8 +2,8 @@
 
     python -m loadtests.noisy_bench [--repeats 2] [--b-requests 40] [--slots 16]
         [--b-prompt-tokens 1024] [--output-jitter J] [--reserve R] [--no-flow-control]
-        [--predicted-admission {on,off}] [--knee-factor F] [--light-knee-factor F] [--profile P]
-        [--knee-filter {on,off}] [--no-stream] [--seed S] [--traces]
+        [--predicted-admission {on,off}] [--knee-factor F] [--light-knee-factor F] [--light-reserve N]
+        [--profile P] [--knee-filter {on,off}] [--no-stream] [--seed S] [--traces]
         [--out FILE.json]
 
 A simulated fleet (`kvgate sim`, 2 x llama-3-8b-h100 with 2,048 KV blocks, time scale 5, pinned
@@ -24,6 +24,7 @@ replica kept for tenants below their fair share (`flow_control.fair_share.reserv
 reference for what fair queuing and shedding buy. `--predicted-admission on|off` sets
 `flow_control.predicted_admission` (default: kvgate's), `--knee-factor` its `knee_factor`,
 `--solo-knee-factor` its `solo_knee_factor`, `--light-knee-factor` its `light_knee_factor`,
+`--light-reserve` its `light_reserve`,
 `--profile` the scheduling profile (`--knee-filter off`: that profile without its `latency-knee`
 filter, overridden under its own name); the pool's latency
 prior is the simulator's profile at its time scale either way. `--b-late S` pauses S wall seconds
@@ -76,6 +77,7 @@ def gateway_config(
     solo_knee_factor: float | None = None,
     light_knee_factor: float | None = None,
     knee_filter: bool = True,
+    light_reserve: int | None = None,
 ) -> dict[str, Any]:
     fair_share = {} if reserve is None else {"fair_share": {"reserve_per_replica": reserve}}
     gate: dict[str, Any] = {} if predicted is None else {"predicted_admission": predicted}
@@ -85,6 +87,8 @@ def gateway_config(
         gate["solo_knee_factor"] = solo_knee_factor
     if light_knee_factor is not None:
         gate["light_knee_factor"] = light_knee_factor
+    if light_reserve is not None:
+        gate["light_reserve"] = light_reserve
     prior = {"profile": "llama-3-8b-h100", "time_scale": TIME_SCALE}
     sched: dict[str, Any] = {} if profile is None else {"profile": profile}
     if not knee_filter:  # the profile as it was before the filter: overridden by name without it
@@ -354,6 +358,7 @@ async def run(args: argparse.Namespace) -> list[dict[str, Any]]:
             cfg = gateway_config(
                 sim.urls, args.slots, not args.no_flow_control, args.reserve, predicted, args.knee_factor,
                 args.profile, args.solo_knee_factor, args.light_knee_factor, args.knee_filter == "on",
+                args.light_reserve,
             )  # fmt: skip
             async with GatewayProcess(cfg, logs / "gateway.yaml", layout.gateway_cpus, logs / "gw.log") as gw:
                 for k in range(args.repeats):
@@ -389,6 +394,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--light-knee-factor", type=float, help="flow_control.light_knee_factor (default: kvgate's)"
     )
+    p.add_argument("--light-reserve", type=int, help="flow_control.light_reserve (default: kvgate's)")
     p.add_argument("--profile", help="scheduling.profile (default: kvgate's)")
     p.add_argument(
         "--knee-filter", choices=("on", "off"), default="on",

@@ -135,3 +135,9 @@ class FairShare:
             return bool(heavy) and below(tenant)
 
         return light
+
+    def someone_outweighed(self, room: int, now: float, queued: Callable[[str], int]) -> bool:
+        """Whether `outweighed` is true for some active tenant: a tenant below its fair share shares
+        the pool with one above its own (the latency gate then keeps room for the light one)."""
+        light = self.outweighed(room, now, queued)
+        return any(light(name) for name in list(self._tenants))

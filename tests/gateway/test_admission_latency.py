@@ -193,13 +193,53 @@ async def test_a_light_tenant_is_held_past_its_own_knee() -> None:
     with pytest.raises(GatewayError) as err:
         await h.request("C-shed", tenant="C", band=Band.SHEDDABLE)
     assert err.value.status == 503
-    # Held, not lost: the prefills ahead of it end (A0's, B0's, then A1's, which the fair queue
-    # releases first: it came first), and C0 goes.
+    # Held, not lost: the prefills ahead of it end (A0's, B0's) and C0 goes, before A1, which came
+    # first: the one request's room there is kept for the light tenants (`light_reserve` 1).
+    for _ in range(2):
+        h.first_token()
+        await settle_loop()
+    assert h.started == ["u0", "A0", "B0", "C0"] and c.result() == "queued" and not held.done()
+    held.cancel()
+
+
+async def test_without_the_kept_room_the_fair_queue_order_decides() -> None:
+    h = Harness(light_reserve=0)
+    held = await _flood(h)
+    b = asyncio.ensure_future(h.request("B0", tenant="B"))
+    await settle_loop()
+    assert b.done()
+    c = asyncio.ensure_future(h.request("C0", tenant="C"))
+    await settle_loop()
+    # A1 came first and the room under the knee is A's to take: it goes, then C0 after its prefill.
     for _ in range(3):
         h.first_token()
         await settle_loop()
     assert h.started == ["u0", "A0", "B0", "A1", "C0"] and c.result() == "queued"
     held.cancel()
+
+
+async def test_a_heavy_tenant_leaves_the_kept_room_to_a_light_one() -> None:
+    # Nothing is prefilling: the replica has room for one request under the knee. While the light
+    # tenant u is active, heavy A's request waits for more room than that (light_reserve 1); u's goes.
+    h = Harness()
+    assert await h.request("u0", tenant="u", prompt=200) == "direct"
+    h.finish_oldest()  # u stays active (seen within the window), holding nothing
+    assert await h.request("A0", tenant="A", prompt=200) == "direct"  # nobody above its share yet
+    h.first_token()  # A0 decodes: nothing ahead of the next request but the step under way
+    a1 = asyncio.ensure_future(h.request("A1", tenant="A"))  # A above its share now, u below
+    await settle_loop()
+    assert h.started == ["u0", "A0"] and not a1.done()
+    u1 = asyncio.ensure_future(h.request("u1", tenant="u"))
+    await settle_loop()
+    assert h.started == ["u0", "A0", "u1"] and u1.done()
+    a1.cancel()
+    # With light_reserve 0 the same request of A's goes at once.
+    h0 = Harness(light_reserve=0)
+    assert await h0.request("u0", tenant="u", prompt=200) == "direct"
+    h0.finish_oldest()
+    assert await h0.request("A0", tenant="A", prompt=200) == "direct"
+    h0.first_token()
+    assert await h0.request("A1", tenant="A") == "direct"
 
 
 async def test_a_large_light_knee_factor_is_the_old_rule_light_tenants_are_not_held() -> None:
