@@ -11,7 +11,7 @@
   its own (the larger of it and `knee_factor` applies), a latency reserve the heavy tenant, held at
   `knee_factor`, cannot use; `flow_control.light_reserve` (>= 0, requests): while such a light tenant
   is active, the heavy one also leaves this much of the gate's room in the pool (a replica with no
-  prefill of its own ahead) to the light ones; 0 turns that part off.
+  prefill of its own ahead) to the light ones; 0 (the default) turns that part off.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from policies.latency_admission import LatencySlo
 DEFAULT_KNEE_FACTOR = 1.25  # measured: docs/benchmarks.md, "Admission on predicted latency"
 DEFAULT_SOLO_KNEE_FACTOR = 1.5  # the same section: one tenant alone is not held below this
 DEFAULT_LIGHT_KNEE_FACTOR = 1.5  # the same section, "Third round": a light tenant's reserve above the knee
-DEFAULT_LIGHT_RESERVE = 1  # the same: requests' worth of the gate's room a heavy tenant leaves to light ones
+DEFAULT_LIGHT_RESERVE = 0  # the same: 1 cost the flood 38% of its throughput (two replicas); 0 = off
 
 
 class SloConfig(BaseModel):

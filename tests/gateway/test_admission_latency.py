@@ -193,24 +193,8 @@ async def test_a_light_tenant_is_held_past_its_own_knee() -> None:
     with pytest.raises(GatewayError) as err:
         await h.request("C-shed", tenant="C", band=Band.SHEDDABLE)
     assert err.value.status == 503
-    # Held, not lost: the prefills ahead of it end (A0's, B0's) and C0 goes, before A1, which came
-    # first: the one request's room there is kept for the light tenants (`light_reserve` 1).
-    for _ in range(2):
-        h.first_token()
-        await settle_loop()
-    assert h.started == ["u0", "A0", "B0", "C0"] and c.result() == "queued" and not held.done()
-    held.cancel()
-
-
-async def test_without_the_kept_room_the_fair_queue_order_decides() -> None:
-    h = Harness(light_reserve=0)
-    held = await _flood(h)
-    b = asyncio.ensure_future(h.request("B0", tenant="B"))
-    await settle_loop()
-    assert b.done()
-    c = asyncio.ensure_future(h.request("C0", tenant="C"))
-    await settle_loop()
-    # A1 came first and the room under the knee is A's to take: it goes, then C0 after its prefill.
+    # Held, not lost: the prefills ahead of it end (A0's, B0's, then A1's, which the fair queue
+    # releases first: it came first), and C0 goes.
     for _ in range(3):
         h.first_token()
         await settle_loop()
@@ -218,42 +202,47 @@ async def test_without_the_kept_room_the_fair_queue_order_decides() -> None:
     held.cancel()
 
 
-async def test_a_heavy_tenant_leaves_the_kept_room_to_a_light_one() -> None:
-    # Nothing is prefilling: the replica has room for one request under the knee. While the light
-    # tenant u is active, heavy A's request waits for more room than that (light_reserve 1); u's goes.
-    h = Harness()
-    assert await h.request("u0", tenant="u", prompt=200) == "direct"
-    h.finish_oldest()  # u stays active (seen within the window), holding nothing
-    assert await h.request("A0", tenant="A", prompt=200) == "direct"  # nobody above its share yet
-    h.first_token()  # A0 decodes: nothing ahead of the next request but the step under way
-    a1 = asyncio.ensure_future(h.request("A1", tenant="A"))  # A above its share now, u below
-    await settle_loop()
-    assert h.started == ["u0", "A0"] and not a1.done()
-    u1 = asyncio.ensure_future(h.request("u1", tenant="u"))
-    await settle_loop()
-    assert h.started == ["u0", "A0", "u1"] and u1.done()
-    a1.cancel()
-    # With light_reserve 0 the same request of A's goes at once.
-    h0 = Harness(light_reserve=0)
-    assert await h0.request("u0", tenant="u", prompt=200) == "direct"
-    h0.finish_oldest()
-    assert await h0.request("A0", tenant="A", prompt=200) == "direct"
-    h0.first_token()
-    assert await h0.request("A1", tenant="A") == "direct"
-
-
-async def test_a_large_light_knee_factor_is_the_old_rule_light_tenants_are_not_held() -> None:
-    h = Harness(light_knee_factor=100.0)
+async def test_with_kept_room_the_light_tenant_goes_before_the_heavy_ones_queue() -> None:
+    h = Harness(light_reserve=1)
     held = await _flood(h)
     b = asyncio.ensure_future(h.request("B0", tenant="B"))
     await settle_loop()
     assert b.done()
-    # A sheddable request of a light tenant is not shed either: it starts at once.
-    assert await h.request("C0", tenant="C", band=Band.SHEDDABLE) == "direct"
-    # ... but a sheddable request of the heavy tenant is shed.
-    with pytest.raises(GatewayError):
-        await h.request("A-shed", tenant="A", band=Band.SHEDDABLE)
+    c = asyncio.ensure_future(h.request("C0", tenant="C"))
+    await settle_loop()
+    # The prefills ahead end (A0's, B0's): C0 goes before A1, which came first: the one request's
+    # room there is kept for the light tenants, B and C, which have requests in flight or queued.
+    for _ in range(2):
+        h.first_token()
+        await settle_loop()
+    assert h.started == ["u0", "A0", "B0", "C0"] and c.result() == "queued" and not held.done()
     held.cancel()
+
+
+async def test_a_heavy_tenant_leaves_the_kept_room_only_while_a_light_one_uses_the_pool() -> None:
+    # u has a request decoding, A two: A is above its share, u below. Nothing is prefilling, so the
+    # replica has room for one more request under the knee: with light_reserve 1 it is kept for u.
+    h = Harness(light_reserve=1)
+    assert await h.request("u0", tenant="u") == "direct"
+    h.first_token()
+    assert await h.request("A0", tenant="A") == "direct"
+    h.first_token()
+    assert await h.request("A1", tenant="A") == "direct"
+    h.first_token()
+    a2 = asyncio.ensure_future(h.request("A2", tenant="A"))
+    await settle_loop()
+    assert h.started == ["u0", "A0", "A1"] and not a2.done()
+    u1 = asyncio.ensure_future(h.request("u1", tenant="u"))
+    await settle_loop()
+    assert h.started == ["u0", "A0", "A1", "u1"] and u1.done()
+    a2.cancel()
+    # u active only by the window (its request ended, nothing queued): no room is kept for it.
+    w = Harness(light_reserve=1)
+    assert await w.request("u0", tenant="u") == "direct"
+    w.finish_oldest()
+    assert await w.request("A0", tenant="A") == "direct"
+    w.first_token()
+    assert await w.request("A1", tenant="A") == "direct"
 
 
 async def test_a_tenant_alone_is_held_to_the_solo_knee_and_two_tenants_to_the_knee() -> None:
