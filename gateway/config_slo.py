@@ -23,7 +23,7 @@ from policies.latency_admission import LatencySlo
 DEFAULT_KNEE_FACTOR = 1.25  # measured: docs/benchmarks.md, "Admission on predicted latency"
 DEFAULT_SOLO_KNEE_FACTOR = 1.5  # the same section: one tenant alone is not held below this
 DEFAULT_LIGHT_KNEE_FACTOR = 1.5  # the same section, "Third round": a light tenant's reserve above the knee
-DEFAULT_LIGHT_RESERVE = 0  # the same: 1 cost the flood 38% of its throughput (two replicas); 0 = off
+DEFAULT_LIGHT_RESERVE = 0  # the same: 1 cost the flood 23-24% of its served rate (two replicas); 0 = off
 
 
 class SloConfig(BaseModel):
