@@ -43,7 +43,11 @@ the latency model says, the next request's predicted TTFT on a replica within th
 unloaded TTFT there or the tightest TTFT SLO (`knee_factor`; `solo_knee_factor` while the pool has
 at most one active tenant). Held requests wait in the fair queue (a sheddable one: refused,
 Retry-After from the predicted drain); a first token (`on_prefilled`) is a capacity event; a tenant
-below its fair share while another is above it is never held or shed.
+below its fair share while another is above it is held at `light_knee_factor` instead, and the
+heavy one leaves `light_reserve` requests' worth of the gate's room to it: a latency reserve the
+heavy tenant cannot use (sized, in the queue, by the queue's head as the gate's room is), so a light
+tenant's request finds a replica with no flood prefill ahead of it (the `latency-knee` routing
+filter sends it there) instead of waiting behind one.
 
 Single event loop; nothing here blocks. Listeners and `enter` never call back into FleetState writers.
 """
@@ -186,7 +190,13 @@ class AdmissionQueue:
                     return "direct"
                 fits, drain = self._latency_room(p, now, prompt_tokens, slo)
                 light = p.share.outweighed(max(fits, 0), now, p.queue.depth_of)
-                if (fits > 0 and not p.queue) or light(tenant):
+                if light(tenant):  # ahead of the queue, up to its own knee, the kept room its own
+                    if fits <= 0:
+                        fits, drain = self._latency_room(p, now, prompt_tokens, slo, light=True)
+                    go = fits > 0
+                else:
+                    go = fits > self._kept_for_light(p, now) and not p.queue
+                if go:
                     p.share.started(tenant, weight, now)
                     return "direct"
                 if fits <= 0:
@@ -377,13 +387,31 @@ class AdmissionQueue:
                 return room
         return room if healthy else _DOWN
 
-    def _latency_room(self, p: _Pool, now: float, prompt_tokens: int, slo: LatencySlo) -> tuple[int, float]:
-        """Requests like this one the pool's replicas can take by the latency gate, less those
-        released and not yet dispatched; and the least predicted drain before one would fit."""
+    def _latency_room(
+        self, p: _Pool, now: float, prompt_tokens: int, slo: LatencySlo, light: bool = False
+    ) -> tuple[int, float]:
+        """Requests like this one the pool's replicas can take by the latency gate (at the light
+        tenants' knee with `light`), less those released and not yet dispatched; and the least
+        predicted drain before one would fit."""
         alone = p.share.alone(now, p.queue.depth_of)
         replicas = self._fleet.snapshot().replicas
-        room, drain = self._gate.room(replicas, p.indexes, self._thr, now, prompt_tokens, slo, alone)
+        room, drain = self._gate.room(replicas, p.indexes, self._thr, now, prompt_tokens, slo, alone, light)
         return room - p.pending, drain
+
+    def _kept_for_light(self, p: _Pool, now: float) -> int:
+        """The gate's room a heavy tenant must leave (`light_reserve`): while some tenant is below its
+        fair share and another above its own, else 0."""
+        keep = self._cfg.light_reserve
+        if keep and p.share.someone_outweighed(0, now, p.queue.depth_of):
+            return keep
+        return 0
+
+    def _light_room(self, p: _Pool, now: float) -> int:
+        """`_latency_room` at the light tenants' knee, sized by the queue's head (0 when empty)."""
+        head = p.queue.peek()
+        if head is None:
+            return 0
+        return self._latency_room(p, now, head.payload.prompt_tokens, head.payload.slo, light=True)[0]
 
     def _reserve(self, p: _Pool) -> int:
         # Never more than half a replica's slots: the reserve is slack, not a partition.
@@ -404,14 +432,19 @@ class AdmissionQueue:
             room -= reserve
             reserve = 0
         fits = 1 << 30  # requests the latency gate lets through (sized by the queue's head)
+        keep = 0  # of those, kept for the light tenants (`light_reserve`)
         light: Callable[[str], bool] | None = None
         if room > 0 and self._gate.on and (first := q.peek()) is not None:
             fits = self._latency_room(p, now, first.payload.prompt_tokens, first.payload.slo)[0]
-            if fits <= 0:
+            keep = self._kept_for_light(p, now)
+            if fits <= keep:
                 light = share.outweighed(0, now, q.depth_of)
+                fits = self._light_room(p, now)
         while room > 0:
             if light is not None:
-                item = q.pop(eligible=light)  # the gate is shut: only tenants it does not hold
+                if fits <= 0:
+                    return  # shut for the light tenants too: their reserve is used up
+                item = q.pop(eligible=light)  # shut for the others: only the light tenants' reserve
             elif room > reserve or ((head := q.peek()) is not None and head.band is Band.CRITICAL):
                 item = q.pop()  # priority between bands stays strict: critical is never held back
             else:
@@ -427,10 +460,11 @@ class AdmissionQueue:
             share.started(item.tenant, item.weight, now)
             room -= 1
             fits -= 1
-            if fits <= 0 and light is None:
-                light = share.outweighed(0, now, q.depth_of) if room > 0 else None
-                if light is None:
+            if fits <= keep and light is None:
+                if room <= 0:
                     return
+                light = share.outweighed(0, now, q.depth_of)
+                fits = self._light_room(p, now)
 
     def _refuse(
         self, p: _Pool, band: Band, tenant: str, now: float, reason: str, drain_s: float | None = None

@@ -28,7 +28,13 @@ from gateway.config_headroom import HeadroomConfig
 from gateway.config_latency import LatencyPriorConfig
 from gateway.config_routes import RouteConfig, check_adapter_sources, route_problems
 from gateway.config_simulator import SimulatorConfig as SimulatorConfig  # re-exported: part of Config
-from gateway.config_slo import DEFAULT_KNEE_FACTOR, DEFAULT_SOLO_KNEE_FACTOR, SloConfig
+from gateway.config_slo import (
+    DEFAULT_KNEE_FACTOR,
+    DEFAULT_LIGHT_KNEE_FACTOR,
+    DEFAULT_LIGHT_RESERVE,
+    DEFAULT_SOLO_KNEE_FACTOR,
+    SloConfig,
+)
 from gateway.config_tenancy import (
     AdminKeyConfig,
     KeyConfig,
@@ -387,6 +393,8 @@ class FlowControlConfig(_Strict):
     predicted_admission: bool = True  # the latency gate (gateway/config_slo.py)
     knee_factor: float = Field(DEFAULT_KNEE_FACTOR, gt=1, le=100, allow_inf_nan=False)
     solo_knee_factor: float = Field(DEFAULT_SOLO_KNEE_FACTOR, gt=1, le=100, allow_inf_nan=False)
+    light_knee_factor: float = Field(DEFAULT_LIGHT_KNEE_FACTOR, gt=1, le=100, allow_inf_nan=False)
+    light_reserve: int = Field(DEFAULT_LIGHT_RESERVE, ge=0, le=1024)  # the gate's room kept for light tenants
 
 
 class Config(_Strict):

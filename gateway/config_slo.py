@@ -6,7 +6,12 @@
 - `flow_control.predicted_admission`: the gate on (the default) or off; `flow_control.knee_factor`
   (> 1): with no SLO, a request is sent while its predicted TTFT on a replica stays within this many
   times its TTFT there unloaded; `flow_control.solo_knee_factor`: the knee while at most one tenant is active
-  in the pool (the larger of the two applies then; set it to `knee_factor` for one knee throughout).
+  in the pool (the larger of the two applies then; set it to `knee_factor` for one knee throughout);
+  `flow_control.light_knee_factor`: the knee of a tenant below its fair share while another is above
+  its own (the larger of it and `knee_factor` applies), a latency reserve the heavy tenant, held at
+  `knee_factor`, cannot use; `flow_control.light_reserve` (>= 0, requests): while such a light tenant
+  is active, the heavy one also leaves this much of the gate's room in the pool (a replica with no
+  prefill of its own ahead) to the light ones; 0 (the default) turns that part off.
 """
 
 from __future__ import annotations
@@ -17,6 +22,8 @@ from policies.latency_admission import LatencySlo
 
 DEFAULT_KNEE_FACTOR = 1.25  # measured: docs/benchmarks.md, "Admission on predicted latency"
 DEFAULT_SOLO_KNEE_FACTOR = 1.5  # the same section: one tenant alone is not held below this
+DEFAULT_LIGHT_KNEE_FACTOR = 1.5  # the same section, "Third round": a light tenant's reserve above the knee
+DEFAULT_LIGHT_RESERVE = 0  # the same: 1 cost the flood 23-24% of its served rate (two replicas); 0 = off
 
 
 class SloConfig(BaseModel):

@@ -13,6 +13,12 @@ engine to one prefill at a time only costs that tenant throughput (measured: doc
 "Admission on predicted latency"). A tenant that arrives finds at most that much work ahead of it,
 and from then on the pool is held to `knee_factor`. The caller (gateway/admission.py) decides who is
 alone (policies/fair_share: active tenants).
+
+A latency reserve for light tenants: a tenant below its fair share while another is above its own
+is held at `light_knee_factor` (if larger than `knee_factor`) instead, while the heavy one stops at
+`knee_factor`. The flood then never fills a replica up to where a light tenant's request would be
+held, so the light tenant's request goes at once instead of waiting behind the flood's queue; and
+light tenants together still cannot push a replica past their own knee.
 """
 
 from __future__ import annotations
@@ -54,8 +60,12 @@ class LatencyGate:
         """`slo` (the tenant's and the request's) tightened by the band's."""
         return self._band_slo[band].tighten(slo)
 
-    def knee(self, alone: bool) -> float:
+    def knee(self, alone: bool, light: bool = False) -> float:
+        """The knee for a request of a tenant alone in the pool, or of a light one (below its fair
+        share while another is above its own: `light_knee_factor`), or of anyone else."""
         cfg = self._cfg
+        if light:
+            return max(cfg.knee_factor, cfg.light_knee_factor)
         return max(cfg.knee_factor, cfg.solo_knee_factor) if alone else cfg.knee_factor
 
     def room(
@@ -67,12 +77,14 @@ class LatencyGate:
         prompt_tokens: int,
         slo: LatencySlo,
         alone: bool,
+        light: bool = False,
     ) -> tuple[int, float]:
         """Requests like this one (`prompt_tokens`, `slo`) the replicas at `indexes` can take by the
-        gate; and the least predicted drain (seconds) before one of them would take it."""
+        gate (at the light tenants' knee with `light`); and the least predicted drain (seconds) before
+        one of them would take it."""
         est = self._latency
         assert est is not None
-        stale, knee = thr.stale_after_s, self.knee(alone)
+        stale, knee = thr.stale_after_s, self.knee(alone, light)
         tokens = max(0, prompt_tokens)
         room = 0
         drain = math.inf

@@ -44,9 +44,12 @@ HOT: Mapping[str, str] = {
     "flow_control.max_queue_per_tenant": "admission queue",
     "flow_control.pass_priority": "tenancy",
     "flow_control.retry_after_fallback_s": "admission queue",
-    "flow_control.predicted_admission": "admission queue (the latency gate, read at each decision)",
-    "flow_control.knee_factor": "admission queue",
+    "flow_control.predicted_admission": "admission queue (the latency gate, read at each decision), "
+    "router (the `latency-knee` filter)",
+    "flow_control.knee_factor": "admission queue, router (the `latency-knee` filter)",
     "flow_control.solo_knee_factor": "admission queue",
+    "flow_control.light_knee_factor": "admission queue",
+    "flow_control.light_reserve": "admission queue",
     "headroom": "read at each /metrics scrape and GET /admin/pools (the default mix: until a pool's first "
     "answer)",
 }

@@ -123,6 +123,7 @@ class Router:
         self._sequence = 0
         self._stale_after = config.fleet.stale_after_s
         self._in_flight_cap = _in_flight_cap(config)
+        self._knee = _knee_factor(config)
         self._tokenizers: dict[str, Tokenizer | None] = {
             m.name: tokenizer_for(m.tokenizer) for m in config.models
         }
@@ -147,12 +148,14 @@ class Router:
         name = new.scheduling.profile
 
         cap = _in_flight_cap(new)
+        knee = _knee_factor(new)
         priors = latency_priors(new)
 
         def commit() -> None:
             self.latency.set_priors(*priors)
             self._config = new
             self._in_flight_cap = cap
+            self._knee = knee
             self.profiles = profiles
             self.profile = profiles[name]
             self.profile_name = name
@@ -251,6 +254,7 @@ class Router:
             max_in_flight_per_replica=self._in_flight_cap,
             kv_fit=fit,
             latency=self.latency,
+            knee_factor=self._knee,
         )
         return Routed(self.profile.schedule(ctx, candidates, self._rng), match)
 
@@ -401,3 +405,10 @@ def _in_flight_cap(config: Config) -> int | None:
     """What one replica may hold in flight (`in-flight-cap`): flow control's cap, None when it is off."""
     fc = config.flow_control
     return fc.saturation.max_in_flight_per_replica if fc.enabled else None
+
+
+def _knee_factor(config: Config) -> float | None:
+    """The latency gate's knee for the `latency-knee` filter: `flow_control.knee_factor` while flow
+    control and predicted admission are on, None (the filter keeps every candidate) otherwise."""
+    fc = config.flow_control
+    return fc.knee_factor if fc.enabled and fc.predicted_admission else None

@@ -2,7 +2,8 @@
 
     python -m loadtests.noisy_bench [--repeats 2] [--b-requests 40] [--slots 16]
         [--b-prompt-tokens 1024] [--output-jitter J] [--reserve R] [--no-flow-control]
-        [--predicted-admission {on,off}] [--knee-factor F] [--profile P] [--no-stream] [--seed S]
+        [--predicted-admission {on,off}] [--knee-factor F] [--light-knee-factor F] [--light-reserve N]
+        [--profile P] [--knee-filter {on,off}] [--no-stream] [--seed S] [--traces]
         [--out FILE.json]
 
 A simulated fleet (`kvgate sim`, 2 x llama-3-8b-h100 with 2,048 KV blocks, time scale 5, pinned
@@ -22,12 +23,17 @@ replica kept for tenants below their fair share (`flow_control.fair_share.reserv
 0 = plain work-conserving fair queuing); `--no-flow-control` turns the gateway's queue off, the
 reference for what fair queuing and shedding buy. `--predicted-admission on|off` sets
 `flow_control.predicted_admission` (default: kvgate's), `--knee-factor` its `knee_factor`,
-`--solo-knee-factor` its `solo_knee_factor`, `--profile` the scheduling profile; the pool's latency
+`--solo-knee-factor` its `solo_knee_factor`, `--light-knee-factor` its `light_knee_factor`,
+`--light-reserve` its `light_reserve`,
+`--profile` the scheduling profile (`--knee-filter off`: that profile without its `latency-knee`
+filter, overridden under its own name); the pool's latency
 prior is the simulator's profile at its time scale either way. `--b-late S` pauses S wall seconds
 before the contended phase and starts B S seconds after A in it: past the fair-share window (10 s),
 B arrives as a newcomer to a pool A had alone (B's first five contended TTFTs are reported).
 
-Reported per repeat: B's TTFT p50/p95/p99 solo and contended, the p95 ratio (issue #4 asks for
+Reported per repeat: B's contended TTFT split by whether one of A's requests got its first token
+from B's replica while B waited (`--traces`: each of B's requests with its replica and those
+counts, in the JSON), B's TTFT p50/p95/p99 solo and contended, the p95 ratio (issue #4 asks for
 <= 2x), B's end-to-end p50/p95, B's and A's statuses, and A's goodput. Latencies are simulated seconds
 (wall / time scale); the bands' `max_wait_s` is wall time.
 """
@@ -53,6 +59,7 @@ from loadtests.bench_processes import GatewayProcess, SimFleetProcess, choose_la
 from loadtests.measures import RequestTrace, percentile
 from loadtests.runner import LoadConfig, RunResult, run_load
 from loadtests.workloads import RandomWorkload
+from policies.scheduling.builtin_profiles import builtin_profile_spec
 
 TIME_SCALE = 5.0
 MODEL = "llama-3-8b"
@@ -68,6 +75,9 @@ def gateway_config(
     knee_factor: float | None = None,
     profile: str | None = None,
     solo_knee_factor: float | None = None,
+    light_knee_factor: float | None = None,
+    knee_filter: bool = True,
+    light_reserve: int | None = None,
 ) -> dict[str, Any]:
     fair_share = {} if reserve is None else {"fair_share": {"reserve_per_replica": reserve}}
     gate: dict[str, Any] = {} if predicted is None else {"predicted_admission": predicted}
@@ -75,8 +85,18 @@ def gateway_config(
         gate["knee_factor"] = knee_factor
     if solo_knee_factor is not None:
         gate["solo_knee_factor"] = solo_knee_factor
+    if light_knee_factor is not None:
+        gate["light_knee_factor"] = light_knee_factor
+    if light_reserve is not None:
+        gate["light_reserve"] = light_reserve
     prior = {"profile": "llama-3-8b-h100", "time_scale": TIME_SCALE}
-    routing = {} if profile is None else {"scheduling": {"profile": profile}}
+    sched: dict[str, Any] = {} if profile is None else {"profile": profile}
+    if not knee_filter:  # the profile as it was before the filter: overridden by name without it
+        name = profile or "default"
+        spec = builtin_profile_spec(name)
+        spec["filters"] = [f for f in spec["filters"] if f["type"] != "latency-knee"]
+        sched["profiles"] = {name: spec}
+    routing = {"scheduling": sched} if sched else {}
     return {
         **routing,
         "server": {"host": "127.0.0.1", "port": free_port(), "log_level": "warning"},
@@ -97,6 +117,44 @@ def gateway_config(
 def ttfts(traces: list[RequestTrace]) -> list[float]:
     """Simulated TTFTs of the successful requests."""
     return [(t.first_token - t.start) / TIME_SCALE for t in traces if t.ok and t.first_token is not None]
+
+
+def b_traces(b: RunResult, a: RunResult) -> list[dict[str, Any]]:
+    """Per B request (contended, sent order): when it was sent (simulated seconds from B's first),
+    its TTFT, its replica, and the first tokens of A's requests that came from its replica and from
+    the other ones while B waited for its own: A's prefills it waited behind or shared steps with
+    (from the client's side: A's dispatch time is not known, its first token is)."""
+    ok = sorted((t for t in b.traces if t.ok and t.first_token is not None), key=lambda t: t.start)
+    if not ok:
+        return []
+    a_firsts = [(t.replica, t.first_token) for t in a.traces if t.ok and t.first_token is not None]
+    t0 = ok[0].start
+    rows = []
+    for t in ok:
+        assert t.first_token is not None
+        during = [r for r, f in a_firsts if t.start < f <= t.first_token]
+        rows.append({
+            "sent_s": (t.start - t0) / TIME_SCALE,
+            "ttft_s": (t.first_token - t.start) / TIME_SCALE,
+            "replica": t.replica,
+            "a_first_tokens_same_replica": sum(r == t.replica for r in during),
+            "a_first_tokens_other_replicas": sum(r != t.replica for r in during),
+        })  # fmt: skip
+    return rows
+
+
+def trace_summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """B's TTFT p50/p95 (ms) split by whether one of A's first tokens came from B's replica while B
+    waited (B's prefill waited behind or beside one of A's)."""
+    out: dict[str, Any] = {}
+    for label, keep in (("a_prefill_same_replica", True), ("no_a_prefill_same_replica", False)):
+        xs = sorted(r["ttft_s"] for r in rows if (r["a_first_tokens_same_replica"] > 0) == keep)
+        out[label] = {
+            "n": len(xs),
+            "ttft_p50_ms": percentile(xs, 50) * 1e3 if xs else None,
+            "ttft_p95_ms": percentile(xs, 95) * 1e3 if xs else None,
+        }
+    return out
 
 
 def first_ttfts(result: RunResult, n: int) -> list[float | None]:
@@ -233,6 +291,7 @@ async def one_repeat(
     engine = engine_means(before, await engine_sums(replica_urls))
     b_queue = queue_share(b_before, await tenant_queue(url, "B"))
     s, c = describe(solo), describe(contended)
+    traces = b_traces(contended, noisy)
     ratio = c["ttft_p95_s"] / s["ttft_p95_s"] if s["ttft_p95_s"] and c["ttft_p95_s"] else None
     e2e_ratio = c["e2e_p95_s"] / s["e2e_p95_s"] if s["e2e_p95_s"] and c["e2e_p95_s"] else None
     return {
@@ -247,6 +306,8 @@ async def one_repeat(
         "a": describe(noisy),
         "engine_contended": engine,
         "b_queue_contended": b_queue,
+        "b_trace_summary": trace_summary(traces),
+        **({"b_traces": traces} if args.traces else {}),
     }
 
 
@@ -273,7 +334,12 @@ def report(k: int, r: dict[str, Any]) -> str:
         f"  engines while contended (A and B): mean TTFT {fmt(e['time_to_first_token_mean_s'], 1e3)} ms, "
         f"mean queue time {fmt(e['request_queue_time_mean_s'], 1e3)} ms\n"
         f"  B at kvgate while contended: {fmt(bq['queued_share'], 100)}% of its requests queued, "
-        f"mean wait {fmt(bq['queue_wait_mean_s'], 1e3)} ms"
+        f"mean wait {fmt(bq['queue_wait_mean_s'], 1e3)} ms\n"
+        f"  B's contended TTFT by A's prefills on its replica while it waited: "
+        + "; ".join(
+            f"{k.replace('_', ' ')}: n {v['n']}, p50/p95 {fmt(v['ttft_p50_ms'])}/{fmt(v['ttft_p95_ms'])} ms"
+            for k, v in r["b_trace_summary"].items()
+        )
     )
 
 
@@ -291,7 +357,8 @@ async def run(args: argparse.Namespace) -> list[dict[str, Any]]:
             predicted = None if args.predicted_admission is None else args.predicted_admission == "on"
             cfg = gateway_config(
                 sim.urls, args.slots, not args.no_flow_control, args.reserve, predicted, args.knee_factor,
-                args.profile, args.solo_knee_factor,
+                args.profile, args.solo_knee_factor, args.light_knee_factor, args.knee_filter == "on",
+                args.light_reserve,
             )  # fmt: skip
             async with GatewayProcess(cfg, logs / "gateway.yaml", layout.gateway_cpus, logs / "gw.log") as gw:
                 for k in range(args.repeats):
@@ -324,7 +391,15 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--knee-factor", type=float, help="flow_control.knee_factor (default: kvgate's)")
     p.add_argument("--solo-knee-factor", type=float, help="flow_control.solo_knee_factor (default: kvgate's)")
+    p.add_argument(
+        "--light-knee-factor", type=float, help="flow_control.light_knee_factor (default: kvgate's)"
+    )
+    p.add_argument("--light-reserve", type=int, help="flow_control.light_reserve (default: kvgate's)")
     p.add_argument("--profile", help="scheduling.profile (default: kvgate's)")
+    p.add_argument(
+        "--knee-filter", choices=("on", "off"), default="on",
+        help="off: the profile without its latency-knee filter (the routing before it)",
+    )  # fmt: skip
     p.add_argument("--no-stream", action="store_true", help="non-streaming requests (one JSON answer each)")
     p.add_argument(
         "--b-late", type=float, default=0.0,
@@ -332,6 +407,11 @@ def main(argv: list[str] | None = None) -> int:
         "(more than the fair-share window, 10 s: B arrives as a newcomer to a pool A had alone)",
     )  # fmt: skip
     p.add_argument("--seed", type=int, default=0, help="the first repeat's seed (then +100 per repeat)")
+    p.add_argument(
+        "--traces", action="store_true",
+        help="also write B's contended requests one by one into --out (TTFT, replica, A's first tokens "
+        "while it waited)",
+    )  # fmt: skip
     p.add_argument("--out", help="write the figures as JSON")
     p.add_argument("--no-pin", action="store_true")
     args = p.parse_args(argv)

@@ -135,3 +135,13 @@ class FairShare:
             return bool(heavy) and below(tenant)
 
         return light
+
+    def someone_outweighed(self, room: int, now: float, queued: Callable[[str], int]) -> bool:
+        """Whether `outweighed` is true for some tenant with requests in flight or queued in the pool:
+        a light tenant using the pool beside a heavy one (the latency gate then keeps room for it). A
+        tenant active only by the window does not count: a pool's only sender, just after another
+        tenant left, would otherwise keep room for nobody."""
+        light = self.outweighed(room, now, queued)
+        return any(
+            (t.in_flight > 0 or queued(name) > 0) and light(name) for name, t in list(self._tenants.items())
+        )

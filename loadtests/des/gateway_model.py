@@ -93,7 +93,9 @@ def gateway_config(
     defaults) with its replicas replaced by `names` serving pool `model`, and the given overrides.
 
     Replica URLs are `http://<name>.des.invalid` (never contacted). `tokenizer` ("none" or "sim")
-    applies to pool `model`. Times are virtual seconds.
+    applies to pool `model`. Times are virtual seconds. `flow_control.predicted_admission` is always
+    off: the discrete-event mode does not model flow control, and the gate's routing side (the
+    `latency-knee` filter) must not act without its admission side.
     """
     data: dict[str, Any]
     if isinstance(base, Config):
@@ -113,6 +115,9 @@ def gateway_config(
     if stale_after_s is not None:
         fleet["stale_after_s"] = stale_after_s
     data["fleet"] = fleet
+    # Flow control is not modelled (module docstring), so neither is the latency gate; with it off the
+    # router's `latency-knee` filter is a no-op too, and routing is what it was before the filter.
+    data["flow_control"] = {**dict(data.get("flow_control") or {}), "predicted_admission": False}
     if tokenizer is not None:
         models = [m for m in data.get("models") or () if m.get("name") != model]
         data["models"] = [*models, {"name": model, "tokenizer": tokenizer}]

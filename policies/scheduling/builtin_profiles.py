@@ -20,7 +20,10 @@
 Every built-in starts with `in-service`: a replica that is not ready or is draining must get no new
 request whichever profile is active. `slow-start` only acts on replicas that are ramping up, and
 `in-flight-cap` on replicas at flow control's per-replica cap (flow control admits by the pool's room,
-scheduling must then not pile it onto one replica).
+scheduling must then not pile it onto one replica). `latency-knee` (soft, only with predicted
+admission on) keeps the replicas where the request's predicted TTFT is within the latency gate's
+knee: the gate admitted it because one was, and the scorers must not send it to another that is
+busy with a long prefill.
 """
 
 from __future__ import annotations
@@ -38,6 +41,9 @@ _BASE_FILTERS: tuple[dict[str, Any], ...] = (
     {"type": "serves-adapter"},
     {"type": "slow-start"},  # soft, and a no-op unless a replica is ramping up (discovery.slow_start_s)
     {"type": "in-flight-cap"},  # soft: a replica at flow control's per-replica cap waits its turn
+    # soft, and a no-op unless predicted admission is on: the request goes to a replica where its
+    # predicted TTFT is within the gate's knee, if any (docs/benchmarks.md, "Third round").
+    {"type": "latency-knee"},
 )
 
 _SPECS: dict[str, dict[str, Any]] = {

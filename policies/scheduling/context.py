@@ -30,6 +30,8 @@ class SchedulingContext(NamedTuple):
     - `latency`: the per-replica latency models (`policies.latency`), for scorers that predict TTFT
       and TPOT; None where the caller keeps none. Predictions are computed by the scorers that ask,
       so a profile without such a scorer pays nothing for it.
+    - `knee_factor`: the latency gate's knee (`flow_control.knee_factor`) while predicted admission is
+      on, for the `latency-knee` filter; None when it is off (the filter then keeps every candidate).
     """
 
     request: RequestInfo
@@ -42,3 +44,4 @@ class SchedulingContext(NamedTuple):
     max_in_flight_per_replica: int | None = None
     kv_fit: GroupFit | None = None
     latency: LatencyEstimator | None = None
+    knee_factor: float | None = None

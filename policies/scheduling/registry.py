@@ -31,6 +31,7 @@ from policies.scheduling.filters.healthy import HealthyFilter
 from policies.scheduling.filters.in_flight_cap import InFlightCapFilter
 from policies.scheduling.filters.in_service import InServiceFilter
 from policies.scheduling.filters.kv_full import KvFullFilter
+from policies.scheduling.filters.latency_knee import LatencyKneeFilter
 from policies.scheduling.filters.load_guard import LoadGuardFilter
 from policies.scheduling.filters.serves_adapter import ServesAdapterFilter
 from policies.scheduling.filters.serves_model import ServesModelFilter
@@ -71,6 +72,7 @@ _FILTERS: dict[str, type[Filter]] = {
     "in-service": InServiceFilter,
     "slow-start": SlowStartFilter,
     "in-flight-cap": InFlightCapFilter,
+    "latency-knee": LatencyKneeFilter,
 }
 _SCORERS: dict[str, type[Scorer]] = {
     "prefix-affinity": PrefixAffinityScorer,

@@ -1,7 +1,8 @@
 """gateway/admission.py with the latency gate (`flow_control.predicted_admission`): requests wait
 while the next one's predicted TTFT would be past the knee or an SLO, go on a first token, a
-sheddable one is refused with a Retry-After from the predicted drain, a light tenant is never held
-for a heavy one, and today's saturation thresholds still cap. Real FleetState and LatencyEstimator
+sheddable one is refused with a Retry-After from the predicted drain, a light tenant is held only
+past `light_knee_factor` (its reserve above the heavy one's knee), and today's saturation thresholds
+still cap. Real FleetState and LatencyEstimator
 (the napkin prior: 25 ms per 1,000 uncached tokens), injected clock."""
 
 from __future__ import annotations
@@ -154,23 +155,94 @@ async def test_a_sheddable_request_is_refused_at_once_with_retry_after_from_the_
     assert h.started == ["big"]
 
 
-async def test_a_light_tenant_below_its_share_is_never_held_or_shed_for_a_heavy_one() -> None:
-    h = Harness()
-    await h.request("A0", tenant="A")
-    held = [asyncio.ensure_future(h.request(f"A{i}", tenant="A")) for i in (1, 2)]
+async def _flood(h: Harness) -> asyncio.Future[str]:
+    """Tenant u was active a moment ago (so A is not alone) and A has a 200-token prompt prefilling:
+    the next 1,000-token prompt is predicted at ~1.34 x unloaded, past knee_factor 1.25 and within
+    light_knee_factor 1.5. A's next one waits."""
+    assert await h.request("u0", tenant="u", prompt=200) == "direct"
+    h.finish_oldest()
+    assert await h.request("A0", tenant="A", prompt=200) == "direct"
+    held = asyncio.ensure_future(h.request("A1", tenant="A"))
     await settle_loop()
-    assert h.started == ["A0"] and h.adm.depth == 2  # the gate holds A's flood
-    # B arrives while A waits: it is released at once, ahead of A's queue, though the gate is shut.
+    assert h.started == ["u0", "A0"] and h.adm.depth == 1  # the gate holds the heavy tenant at 1.25
+    return held
+
+
+async def test_a_light_tenant_is_dispatched_within_its_reserve_where_the_heavy_one_waits() -> None:
+    h = Harness()
+    held = await _flood(h)
+    # B, below its share while A is above its own, arrives while A waits: the same 1,000 tokens at
+    # ~1.34 x unloaded are within light_knee_factor 1.5, so B goes at once, ahead of A's queue.
     b = asyncio.ensure_future(h.request("B0", tenant="B"))
     await settle_loop()
-    assert h.started == ["A0", "B0"] and b.result() == "queued"
-    # A sheddable request of a light tenant is not shed either: it starts at once.
-    assert await h.request("C0", tenant="C", band=Band.SHEDDABLE) == "direct"
-    # ... but a sheddable request of the heavy tenant is.
-    with pytest.raises(GatewayError):
-        await h.request("A-shed", tenant="A", band=Band.SHEDDABLE)
-    for t in held:
-        t.cancel()
+    assert h.started == ["u0", "A0", "B0"] and h.adm.depth == 1 and b.done()
+    held.cancel()
+
+
+async def test_a_light_tenant_is_held_past_its_own_knee() -> None:
+    h = Harness()
+    held = await _flood(h)
+    b = asyncio.ensure_future(h.request("B0", tenant="B"))
+    await settle_loop()
+    assert b.done()
+    # With B's prompt also ahead, a light tenant C's request is past 1.5 x unloaded: C waits, and a
+    # sheddable one is refused, where before the reserve a light tenant was never held.
+    c = asyncio.ensure_future(h.request("C0", tenant="C"))
+    await settle_loop()
+    assert h.started == ["u0", "A0", "B0"] and not c.done()
+    with pytest.raises(GatewayError) as err:
+        await h.request("C-shed", tenant="C", band=Band.SHEDDABLE)
+    assert err.value.status == 503
+    # Held, not lost: the prefills ahead of it end (A0's, B0's, then A1's, which the fair queue
+    # releases first: it came first), and C0 goes.
+    for _ in range(3):
+        h.first_token()
+        await settle_loop()
+    assert h.started == ["u0", "A0", "B0", "A1", "C0"] and c.result() == "queued"
+    held.cancel()
+
+
+async def test_with_kept_room_the_light_tenant_goes_before_the_heavy_ones_queue() -> None:
+    h = Harness(light_reserve=1)
+    held = await _flood(h)
+    b = asyncio.ensure_future(h.request("B0", tenant="B"))
+    await settle_loop()
+    assert b.done()
+    c = asyncio.ensure_future(h.request("C0", tenant="C"))
+    await settle_loop()
+    # The prefills ahead end (A0's, B0's): C0 goes before A1, which came first: the one request's
+    # room there is kept for the light tenants, B and C, which have requests in flight or queued.
+    for _ in range(2):
+        h.first_token()
+        await settle_loop()
+    assert h.started == ["u0", "A0", "B0", "C0"] and c.result() == "queued" and not held.done()
+    held.cancel()
+
+
+async def test_a_heavy_tenant_leaves_the_kept_room_only_while_a_light_one_uses_the_pool() -> None:
+    # u has a request decoding, A two: A is above its share, u below. Nothing is prefilling, so the
+    # replica has room for one more request under the knee: with light_reserve 1 it is kept for u.
+    h = Harness(light_reserve=1)
+    assert await h.request("u0", tenant="u") == "direct"
+    h.first_token()
+    assert await h.request("A0", tenant="A") == "direct"
+    h.first_token()
+    assert await h.request("A1", tenant="A") == "direct"
+    h.first_token()
+    a2 = asyncio.ensure_future(h.request("A2", tenant="A"))
+    await settle_loop()
+    assert h.started == ["u0", "A0", "A1"] and not a2.done()
+    u1 = asyncio.ensure_future(h.request("u1", tenant="u"))
+    await settle_loop()
+    assert h.started == ["u0", "A0", "A1", "u1"] and u1.done()
+    a2.cancel()
+    # u active only by the window (its request ended, nothing queued): no room is kept for it.
+    w = Harness(light_reserve=1)
+    assert await w.request("u0", tenant="u") == "direct"
+    w.finish_oldest()
+    assert await w.request("A0", tenant="A") == "direct"
+    w.first_token()
+    assert await w.request("A1", tenant="A") == "direct"
 
 
 async def test_a_tenant_alone_is_held_to_the_solo_knee_and_two_tenants_to_the_knee() -> None:

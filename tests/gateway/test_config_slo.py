@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from gateway.config import ConfigError, parse_config
-from gateway.config_slo import DEFAULT_KNEE_FACTOR, DEFAULT_SOLO_KNEE_FACTOR
+from gateway.config_slo import DEFAULT_KNEE_FACTOR, DEFAULT_LIGHT_KNEE_FACTOR, DEFAULT_SOLO_KNEE_FACTOR
 from gateway.errors import GatewayError
 from gateway.fleet.metrics_parse import ReplicaMetrics
 from gateway.fleet.state import FleetState
@@ -26,6 +26,8 @@ def test_defaults() -> None:
     fc = parse_config({}).flow_control
     assert fc.knee_factor == DEFAULT_KNEE_FACTOR
     assert fc.solo_knee_factor == DEFAULT_SOLO_KNEE_FACTOR
+    assert fc.light_knee_factor == DEFAULT_LIGHT_KNEE_FACTOR == 1.5
+    assert fc.light_reserve == 0  # off: it cost the flood 23-24% (docs/benchmarks.md, "Third round")
     assert fc.predicted_admission  # on by default (docs/benchmarks.md, "Admission on predicted latency")
     assert fc.bands["standard"].ttft_slo_s is None and fc.bands["standard"].tpot_slo_s is None
 
@@ -55,6 +57,12 @@ def test_slos_parse_into_the_tenant_policy() -> None:
         {"knee_factor": 1000},
         {"solo_knee_factor": 1.0},
         {"solo_knee_factor": "nan"},
+        {"light_knee_factor": 1.0},
+        {"light_knee_factor": 101},
+        {"light_knee_factor": "inf"},
+        {"light_knee_factor": "high"},
+        {"light_reserve": -1},
+        {"light_reserve": 1.5},
         {"predicted_admission": "maybe"},
         {"bands": {"standard": {"max_wait_s": 1, "ttft_slo_s": 0}}},
         {"bands": {"standard": {"max_wait_s": 1, "tpot_slo_s": -0.1}}},
@@ -65,6 +73,15 @@ def test_slos_parse_into_the_tenant_policy() -> None:
 def test_bad_flow_control_settings_are_refused(flow: dict[str, Any]) -> None:
     with pytest.raises(ConfigError, match="flow_control"):
         parse_config({"flow_control": flow})
+
+
+def test_a_bad_light_knee_factor_is_refused_by_name() -> None:
+    with pytest.raises(ConfigError, match=r"flow_control\.light_knee_factor"):
+        parse_config({"flow_control": {"light_knee_factor": 0.9}})
+    with pytest.raises(ConfigError, match=r"flow_control\.light_reserve"):
+        parse_config({"flow_control": {"light_reserve": -1}})
+    # Below knee_factor is allowed: the larger of the two applies, as for solo_knee_factor.
+    assert parse_config({"flow_control": {"knee_factor": 2.0}}).flow_control.light_knee_factor == 1.5
 
 
 @pytest.mark.parametrize("slo", [{"ttft_s": 0}, {"tpot_s": -1}, {"ttft_s": "inf"}, {"ttft_ms": 100}, "fast"])

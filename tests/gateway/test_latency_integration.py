@@ -110,3 +110,33 @@ async def test_the_latency_gate_does_not_serialise_non_streaming_answers() -> No
         assert queued > 0  # the gate did hold some: it is on, and the prefills were spaced out
         m = s.gateway.router.latency.models()["r0"]
         assert (m.pending_requests, m.pending_tokens, m.ttft.observations) == (0, 0, 0)
+
+
+async def test_the_latency_knee_filter_routes_away_from_a_replica_with_a_long_prefill_ahead() -> None:
+    """With the gate on, a replica whose predicted TTFT for the request is past the knee (here: a
+    20,000-token prefill kvgate sent it has not had its first token) gets nothing while the other is
+    within it; with the gate off the default profile spreads the same prompts over both."""
+
+    async def replicas_chosen(predicted_admission: bool) -> set[str]:
+        config = {
+            "models": [{"name": MODEL, "latency_prior": {"profile": "tiny", "time_scale": 4.0}}],
+            "flow_control": {"predicted_admission": predicted_admission},
+        }
+        async with stack(replicas=2, time_scale=4.0, config=config) as s:
+            gw = s.gateway
+            est = gw.router.latency
+            r0 = gw.fleet.snapshot().by_name("r0")
+            assert r0 is not None
+            est.dispatched(est.predict(r0, 20_000, gw.clock(), 1.0))  # never prefilled: stays ahead
+            chosen = set()
+            for i in range(8):
+                r = await s.client.post(
+                    "/v1/chat/completions", json=chat(f"Request {i}: {PROMPT}", max_tokens=2)
+                )
+                assert r.status_code == 200
+                fields = dict(part.split("=", 1) for part in r.headers["x-kvgate-route"].split(";"))
+                chosen.add(fields["replica"])
+            return chosen
+
+    assert await replicas_chosen(True) == {"r1"}
+    assert await replicas_chosen(False) == {"r0", "r1"}

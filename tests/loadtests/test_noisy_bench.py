@@ -86,3 +86,41 @@ def test_the_latency_gate_settings_reach_the_gateway_config() -> None:
     assert prior is not None and prior.profile == "llama-3-8b-h100"
     off = parse_config(noisy_bench.gateway_config(["http://127.0.0.1:1"], 16, predicted=False))
     assert not off.flow_control.predicted_admission
+
+
+def test_the_light_knee_and_the_profile_without_the_knee_filter() -> None:
+    urls = ["http://127.0.0.1:1"]
+    cfg = parse_config(noisy_bench.gateway_config(urls, slots=16, light_knee_factor=100.0))
+    assert cfg.flow_control.light_knee_factor == 100.0 and not cfg.scheduling.profiles
+    old = parse_config(
+        noisy_bench.gateway_config(urls, slots=16, profile="predicted-latency", knee_filter=False)
+    )
+    assert old.scheduling.profile == "predicted-latency"
+    filters = old.scheduling.profiles["predicted-latency"].model_dump()["filters"]
+    assert "latency-knee" not in [f["type"] for f in filters] and "fresh" in [f["type"] for f in filters]
+
+
+def test_b_traces_count_the_first_tokens_of_a_that_came_while_b_waited() -> None:
+    from dataclasses import replace
+
+    scale = noisy_bench.TIME_SCALE
+    b = [
+        replace(trace("b0", start=0.0, chunks=(0.2 * scale,)), replica="r0"),  # waited beside a0
+        replace(trace("b1", start=1.0 * scale, chunks=(1.05 * scale,)), replica="r1"),
+    ]
+    a = [
+        replace(trace("a0", start=-5.0, chunks=(0.1 * scale,)), replica="r0"),  # first token while b0 waited
+        replace(trace("a1", start=-5.0, chunks=(0.15 * scale,)), replica="r1"),  # on the other replica
+        replace(trace("a2", start=-5.0, chunks=(0.5 * scale,)), replica="r1"),  # after b0's, before b1
+    ]
+    rows = noisy_bench.b_traces(result(b, 1.0), result(a, 1.0))
+    assert [
+        (r["replica"], r["a_first_tokens_same_replica"], r["a_first_tokens_other_replicas"]) for r in rows
+    ] == [
+        ("r0", 1, 1),
+        ("r1", 0, 0),
+    ]
+    assert rows[1]["sent_s"] == pytest.approx(1.0) and rows[0]["ttft_s"] == pytest.approx(0.2)
+    summary = noisy_bench.trace_summary(rows)
+    assert summary["a_prefill_same_replica"]["n"] == 1
+    assert summary["no_a_prefill_same_replica"]["ttft_p50_ms"] == pytest.approx(50.0)

@@ -50,6 +50,14 @@ def test_config_replaces_replicas_and_applies_overrides() -> None:
     assert [(m.name, m.tokenizer) for m in cfg.models] == [("m", "sim")]
 
 
+def test_the_latency_gate_stays_off_so_its_routing_filter_does_not_act() -> None:
+    # Flow control is not modelled: the `latency-knee` filter must not act without the gate.
+    base = parse_config({"flow_control": {"predicted_admission": True, "knee_factor": 2.0}})
+    cfg = gateway_config(base, ("r0", "r1"), "m")
+    assert not cfg.flow_control.predicted_admission and cfg.flow_control.knee_factor == 2.0
+    assert not gateway_config(None, ("r0",), "m").flow_control.predicted_admission
+
+
 def test_byte_block_facts_are_the_routers_own() -> None:
     gw, _ = model()
     body = chat("What is a block?")

@@ -66,6 +66,7 @@ def test_default_filter_and_scorer_types() -> None:
         "serves-adapter",
         "slow-start",
         "in-flight-cap",
+        "latency-knee",
         "fresh",
         "load-guard",
     ]

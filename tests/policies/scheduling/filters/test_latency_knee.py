@@ -1,0 +1,79 @@
+"""`latency-knee`: keep the replicas where the request's predicted TTFT is within the gate's knee."""
+
+import random
+
+from policies.latency.estimator import LatencyEstimator
+from policies.scheduling.builtin_profiles import BUILTIN_PROFILE_NAMES, build_builtin_profile
+from policies.scheduling.context import SchedulingContext
+from policies.scheduling.filters.latency_knee import LatencyKneeFilter
+from policies.types import ReplicaState, RequestInfo
+from tests.policies.scheduling.builders import NOW, names, replica
+
+BLOCK = 16
+PROMPT = 1024  # the noisy neighbour's prompt: ~26 ms unloaded on the napkin prior
+
+
+def ctx(
+    est: LatencyEstimator | None, knee: float | None, match: dict[str, float] | None = None
+) -> SchedulingContext:
+    blocks = PROMPT // BLOCK
+    info = RequestInfo(model="m", base_model="m", adapter=None, prompt_tokens=PROMPT, max_tokens=64,
+                       prefix_keys=tuple(range(blocks)))  # fmt: skip
+    return SchedulingContext(
+        request=info, now=NOW, prefix_match=match or {}, prefix_blocks=blocks, latency=est, knee_factor=knee
+    )
+
+
+def prefilling(est: LatencyEstimator, state: ReplicaState, tokens: int = PROMPT) -> None:
+    """kvgate sent `state`'s replica a prompt of `tokens` that has not had its first token yet."""
+    est.dispatched(est.predict(state, tokens, NOW, 1.0))
+
+
+def test_keeps_the_replicas_within_the_knee() -> None:
+    est = LatencyEstimator(BLOCK)
+    a, b, c = replica("a"), replica("b"), replica("c")
+    prefilling(est, a)  # a flood's 1,024-token prefill is ahead of the request on a: ~2x unloaded
+    kept = LatencyKneeFilter().filter(ctx(est, 1.25), [a, b, c])
+    assert names(kept) == ["b", "c"]
+    # A looser knee takes a back.
+    assert names(LatencyKneeFilter().filter(ctx(est, 3.0), [a, b, c])) == ["a", "b", "c"]
+
+
+def test_keeps_all_when_none_qualifies() -> None:
+    est = LatencyEstimator(BLOCK)
+    a, b = replica("a"), replica("b")
+    prefilling(est, a)
+    prefilling(est, b, 2 * PROMPT)
+    candidates = [a, b]
+    assert LatencyKneeFilter().filter(ctx(est, 1.25), candidates) is candidates
+
+
+def test_is_a_no_op_with_the_gate_off_or_without_latency_models() -> None:
+    est = LatencyEstimator(BLOCK)
+    a, b = replica("a"), replica("b")
+    prefilling(est, a)
+    candidates = [a, b]
+    assert LatencyKneeFilter().filter(ctx(est, None), candidates) is candidates  # predicted admission off
+    assert LatencyKneeFilter().filter(ctx(None, 1.25), candidates) is candidates
+
+
+def test_a_held_prefix_counts_for_its_replica_not_against_it() -> None:
+    # a holds 90% of the prompt and has a short prompt ahead of the request; b holds nothing and is
+    # idle. On the uncached part alone a would be far past 1.25 x its (tiny) unloaded TTFT; against
+    # the whole prompt's unloaded TTFT, as the gate prices it, its predicted TTFT is well within.
+    est = LatencyEstimator(BLOCK)
+    a, b = replica("a"), replica("b")
+    prefilling(est, a, 200)
+    match = {"a": 0.9 * PROMPT / BLOCK}
+    assert names(LatencyKneeFilter().filter(ctx(est, 1.25, match), [a, b])) == ["a", "b"]
+
+
+def test_every_built_in_profile_routes_away_from_the_replica_past_the_knee() -> None:
+    for name in BUILTIN_PROFILE_NAMES:
+        est = LatencyEstimator(BLOCK)
+        a, b = replica("a"), replica("b", in_flight=3, running=3)  # the default would prefer a
+        prefilling(est, a)
+        profile = build_builtin_profile(name)
+        for seed in range(3):
+            d = profile.schedule(ctx(est, 1.25), [a, b], random.Random(seed))
+            assert names(d.ranked)[0] == "b", (name, seed)
