@@ -37,6 +37,7 @@ from typing import Any
 
 import orjson
 
+from gateway.config_slo import DEFAULT_KNEE_FACTOR
 from loadtests.workloads.text import WordText
 from policies.latency.estimator import LatencyEstimator
 from policies.prefix import BYTES_PER_TOKEN, byte_block_keys, seed_for
@@ -168,7 +169,10 @@ def snapshots(rng: random.Random, names: Sequence[str], count: int) -> list[tupl
     return out
 
 
-def run_cell(tokens: int, replicas: int, decisions: int, seed: int, profile: SchedulingProfile) -> Row:
+def run_cell(
+    tokens: int, replicas: int, decisions: int, seed: int, profile: SchedulingProfile,
+    knee: float | None = DEFAULT_KNEE_FACTOR,
+) -> Row:  # fmt: skip
     rng = random.Random(seed * 1_000_003 + tokens * 101 + replicas)
     index, names, mix = warm_fleet(rng, tokens, replicas, requests=60)
     # Request bodies as they arrive: parsed just before the decision (untimed), so the prompt text is
@@ -206,7 +210,7 @@ def run_cell(tokens: int, replicas: int, decisions: int, seed: int, profile: Sch
         )
         ctx = SchedulingContext(
             request=info, now=NOW, prefix_match=match, prefix_blocks=len(keys), sequence=n, stale_after_s=1.0,
-            latency=latency,
+            latency=latency, knee_factor=knee,
         )  # fmt: skip
         decision = profile.schedule(ctx, pool, pick_rng)
         t4 = clock()
@@ -370,6 +374,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--tokens", type=int, nargs="*", default=list(SIZES), help="prompt sizes (tokens)")
     parser.add_argument("--replicas", type=int, nargs="*", default=list(FLEETS), help="fleet sizes")
     parser.add_argument("--policy", default="default", help="built-in scheduling profile to time")
+    parser.add_argument("--knee-factor", type=float, default=DEFAULT_KNEE_FACTOR,
+                        help="the latency gate's knee in the context, as with the gate on (the default); "
+                        "0 = gate off: the latency-knee filter keeps every candidate")  # fmt: skip
     args = parser.parse_args(argv)
 
     profile = build_builtin_profile(args.policy)
@@ -392,7 +399,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     cpu0 = time.process_time()
     for tokens in args.tokens:
         for replicas in args.replicas:
-            row = run_cell(tokens, replicas, args.decisions, args.seed, profile)
+            row = run_cell(tokens, replicas, args.decisions, args.seed, profile, args.knee_factor or None)
             s = row.stage_p50_us
             print(
                 f"| {row.tokens:,} | {row.replicas} | {row.blocks} | {row.p50_us:.1f} | {row.p90_us:.1f} "

@@ -34,6 +34,7 @@ from typing import Any
 
 import orjson
 
+from gateway.config_slo import DEFAULT_KNEE_FACTOR
 from loadtests.decision_bench import BLOCK_BYTES, INDEX_BLOCK_TOKENS, MODEL, NOW, snapshots, warm_fleet
 from policies.latency.estimator import LatencyEstimator
 from policies.prefix import BYTES_PER_TOKEN, byte_block_keys, seed_for
@@ -49,7 +50,10 @@ WHOLE_PHASES = ("decision", "canonical bytes", "block keys", "index match", "Req
                 "schedule")  # fmt: skip
 
 
-def phases(policy: str, tokens: int, replicas: int, decisions: int, seed: int) -> list[tuple[str, Any]]:
+def phases(
+    policy: str, tokens: int, replicas: int, decisions: int, seed: int,
+    knee: float | None = DEFAULT_KNEE_FACTOR,
+) -> list[tuple[str, Any]]:  # fmt: skip
     """(name, thunk) per phase; each thunk makes `decisions` calls. Built outside the counted phases."""
     rng = random.Random(seed * 1_000_003 + tokens * 101 + replicas)
     index, names, mix = warm_fleet(rng, tokens, replicas, requests=60)
@@ -67,7 +71,7 @@ def phases(policy: str, tokens: int, replicas: int, decisions: int, seed: int) -
                            prompt_tokens=len(data) // BYTES_PER_TOKEN, max_tokens=256, prefix_keys=keys)
         return SchedulingContext(request=info, now=NOW, prefix_match=index.match(keys, names),
                                  prefix_blocks=len(keys), sequence=n, stale_after_s=1.0,
-                                 latency=latency)  # fmt: skip
+                                 latency=latency, knee_factor=knee)  # fmt: skip
 
     def decide(msgs: list[dict[str, Any]], pool: Any, n: int) -> Any:
         return profile.schedule(context(msgs, n), pool, pick_rng)
@@ -113,7 +117,7 @@ def phases(policy: str, tokens: int, replicas: int, decisions: int, seed: int) -
             info = RequestInfo(model=MODEL, base_model=MODEL, adapter=None,
                                prompt_tokens=len(data) // BYTES_PER_TOKEN, max_tokens=256, prefix_keys=keys)
             SchedulingContext(request=info, now=NOW, prefix_match=found, prefix_blocks=len(keys), sequence=n,
-                              stale_after_s=1.0, latency=latency)  # fmt: skip
+                              stale_after_s=1.0, latency=latency, knee_factor=knee)  # fmt: skip
 
     def picker() -> None:
         pick = profile.picker.pick
@@ -142,7 +146,8 @@ def phases(policy: str, tokens: int, replicas: int, decisions: int, seed: int) -
 
 
 def child(args: argparse.Namespace) -> int:
-    named = phases(args.policy[0], args.tokens, args.replicas, args.decisions, args.seed)
+    knee = args.knee_factor or None
+    named = phases(args.policy[0], args.tokens, args.replicas, args.decisions, args.seed, knee)
     gc.collect()
     gc.freeze()  # the warm index is long-lived: collections need not walk it (as in a settled gateway)
     Path(args.names).write_text(json.dumps([n for n, _ in named]))
@@ -172,6 +177,7 @@ def measure(policy: str, args: argparse.Namespace, out_dir: Path) -> list[tuple[
         sys.executable, "-m", "loadtests.decision_instructions", "--child", "--policy", policy,
         "--tokens", str(args.tokens), "--replicas", str(args.replicas),
         "--decisions", str(args.decisions), "--seed", str(args.seed), "--names", str(names_file),
+        "--knee-factor", str(args.knee_factor),
     ]  # fmt: skip
     subprocess.run(cmd, check=True, env={**os.environ, "PYTHONHASHSEED": "0"}, capture_output=True)
     names = json.loads(names_file.read_text())
@@ -192,6 +198,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--replicas", type=int, default=16)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--out", type=Path, default=None, help="keep the callgrind dumps here")
+    parser.add_argument("--knee-factor", type=float, default=DEFAULT_KNEE_FACTOR,
+                        help="the latency gate's knee in the context, as with the gate on (the default); "
+                        "0 = gate off: the latency-knee filter keeps every candidate")  # fmt: skip
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--names", default="", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)

@@ -38,7 +38,7 @@ class DefaultWeights:
         docs/benchmarks.md, "Hit rate and goodput vs number of gateways")."""
         filters: list[dict[str, Any]] = [
             {"type": "in-service"}, {"type": "healthy"}, {"type": "serves-model"}, {"type": "serves-adapter"},
-            {"type": "slow-start"}, {"type": "in-flight-cap"}, {"type": "fresh"},
+            {"type": "slow-start"}, {"type": "in-flight-cap"}, {"type": "latency-knee"}, {"type": "fresh"},
         ]  # fmt: skip
         if self.kv_full is not None:
             filters.append({"type": "kv-full", "params": {"threshold": float(self.kv_full)}})

@@ -244,6 +244,7 @@ def test_default_weights_variant_sets_weights_guard_and_kv_full() -> None:
         "in-service",
         "slow-start",
         "in-flight-cap",
+        "latency-knee",
         "healthy",
         "serves-model",
         "serves-adapter",
