@@ -33,8 +33,9 @@ not dated by their own tickets' TTFTs: those came from a prefill fit that absorb
 chaining them compounded the error. With the capacity unknown (no scrape of
 `vllm:cache_config_info` yet) there is no wait term.
 
-Pure: no I/O, no clock (callers pass `now`). A read costs O(n log n) over the replica's
-requests in flight; it is made once per dispatch (the ticket), not per routing candidate.
+Pure: no I/O, no clock (callers pass `now`). A read costs O(n) over the replica's requests in
+flight when they and the new request all fit (the common unloaded case: one pass, no play), else
+O(n log n); it is made once per dispatch (the ticket), not per routing candidate.
 """
 
 from __future__ import annotations
@@ -42,17 +43,19 @@ from __future__ import annotations
 import heapq
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 # An entry whose predicted end passed this long ago is taken as lost (its end was never reported):
 # the ledger lets it go at the next read rather than hold its blocks forever.
 LOST_AFTER_S = 600.0
 
 
-@dataclass(frozen=True, slots=True)
-class Held:
+class Held(NamedTuple):
     """One request's claim on a replica's KV at a read: `blocks`, `shared` of them referenced with the
     other members of prefix group `group` (None: shares nothing). A running request frees them at
-    `end_at`; a queued one, `duration` seconds after it is admitted, and has `tokens` to prefill."""
+    `end_at`; a queued one, `duration` seconds after it is admitted, and has `tokens` to prefill.
+    A named tuple, not a frozen dataclass: a read builds one per request in flight, and a tuple is
+    several times cheaper to build."""
 
     end_at: float
     blocks: int
@@ -138,15 +141,21 @@ def admission_wait_s(
     if capacity_blocks <= 0:
         return 0.0, 0
     pool = _Pool()
-    ends: list[tuple[float, int, Held]] = []
-    for i, r in enumerate(running):
+    for r in running:
         pool.add(r)
-        ends.append((r.end_at, i, r))
-    heapq.heapify(ends)
+    # Until something does not fit, every request is admitted at `now` and nothing ends: the heap of
+    # ends is built only then (its pops are ordered by the unique (end, order) keys, so building it
+    # late pops them in the same order as pushing them one by one).
+    ends: list[tuple[float, int, Held]] | None = None
+    admitted: list[Held] = []
     order = len(running)
     t = now
     batch_at, batch_tokens = now, 0  # the queued requests admitted at `batch_at` (their prefill)
-    for r in [*queued, new]:
+    for r in (*queued, new):
+        if ends is None and pool.with_(r) > capacity_blocks:
+            ends = [(h.end_at, i, h) for i, h in enumerate(running)]
+            ends += [(now + h.duration, len(running) + 1 + j, h) for j, h in enumerate(admitted)]
+            heapq.heapify(ends)
         while ends and pool.with_(r) > capacity_blocks:
             end, _, done = heapq.heappop(ends)
             pool.remove(done)
@@ -159,7 +168,10 @@ def admission_wait_s(
         batch_tokens += r.tokens
         pool.add(r)
         order += 1
-        heapq.heappush(ends, (t + r.duration, order, r))
+        if ends is None:
+            admitted.append(r)
+        else:
+            heapq.heappush(ends, (t + r.duration, order, r))
     raise AssertionError("unreachable: `new` is the last of the loop")
 
 
@@ -290,6 +302,59 @@ class KvLedger:
             return 0.0, 0
         group = prefix_keys[0] if prefix_keys else None
         shared = min(self.shared_tokens(prefix_keys), prompt_tokens) // block_size
-        new = Held(now, -(-prompt_tokens // block_size), group, shared if group is not None else 0)
+        if group is None:
+            shared = 0
+        fits = self._all_fit(now, tpot_s, block_size, capacity_blocks,
+                             -(-prompt_tokens // block_size), group, shared)  # fmt: skip
+        if fits is not None:
+            return 0.0, fits
+        new = Held(now, -(-prompt_tokens // block_size), group, shared)
         running, queued = self.held(now, tpot_s, block_size, prefill_s_per_token)
         return admission_wait_s(now, running, queued, new, capacity_blocks)
+
+    def _all_fit(self, now: float, tpot_s: float, block_size: int, capacity_blocks: int,
+                 new_blocks: int, new_group: int | None, new_shared: int) -> int | None:  # fmt: skip
+        """The common unloaded case of `wait_s` without building `Held`s or playing the queue: when
+        every request in flight and the new one fit the capacity together, nothing waits (all the
+        queued are admitted at `now` beside it), so the answer is (0, the queued's prefill tokens);
+        this returns those tokens, or None as soon as the blocks counted pass the capacity (the
+        blocks held only grow as requests join, so then some admission waits: play it). Counts the
+        blocks exactly as `held` and `_Pool` do, and drops the lost entries as `held` does."""
+        tops: dict[int, int] = {}  # group -> the largest shared prefix (blocks) of its members
+        if new_group is None or new_shared <= 0:
+            private, shared_total = new_blocks, 0
+        else:
+            private, shared_total = new_blocks - new_shared, new_shared
+            tops[new_group] = new_shared
+        tokens = 0
+        lost: list[int] = []
+        for ident, e in self._entries.items():
+            decode = e.output_tokens * tpot_s
+            if not e.observed:
+                if e.first_at + decode + LOST_AFTER_S < now:
+                    lost.append(ident)
+                    continue
+                blocks = -(-e.prompt_tokens // block_size)
+                tokens += e.uncached_tokens
+            else:
+                if e.first_at + decode + LOST_AFTER_S < now:
+                    lost.append(ident)
+                    continue
+                generated = 0
+                if now > e.first_at and tpot_s > 0:
+                    generated = min(int((now - e.first_at) / tpot_s) + 1, e.output_tokens)
+                blocks = -(-(e.prompt_tokens + generated) // block_size)
+            shared = e.shared_tokens // block_size
+            if e.group is None or shared <= 0:
+                private += blocks
+            else:
+                private += blocks - shared
+                top = tops.get(e.group, 0)
+                if shared > top:
+                    tops[e.group] = shared
+                    shared_total += shared - top
+            if private + shared_total > capacity_blocks:
+                return None
+        for ident in lost:
+            self.remove(ident)
+        return tokens

@@ -1,0 +1,129 @@
+"""`KvLedger.wait_s`'s fast paths (one pass when everything fits; the play's heap built only once
+something does not fit) answer exactly as the plain play did: the plain one is kept here as the
+reference and both are run on random ledgers."""
+
+from __future__ import annotations
+
+import copy
+import heapq
+from collections.abc import Sequence
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from policies.latency.kv_admission import LOST_AFTER_S, Held, KvLedger, _Pool, admission_wait_s
+
+BS = 16
+
+
+def reference_admission_wait_s(
+    now: float, running: Sequence[Held], queued: Sequence[Held], new: Held, capacity_blocks: int
+) -> tuple[float, int]:
+    """`admission_wait_s` as merged with kv-admit (commit f99a4c1): every end in a heap up front."""
+    if capacity_blocks <= 0:
+        return 0.0, 0
+    pool = _Pool()
+    ends: list[tuple[float, int, Held]] = []
+    for i, r in enumerate(running):
+        pool.add(r)
+        ends.append((r.end_at, i, r))
+    heapq.heapify(ends)
+    order = len(running)
+    t = now
+    batch_at, batch_tokens = now, 0
+    for r in [*queued, new]:
+        while ends and pool.with_(r) > capacity_blocks:
+            end, _, done = heapq.heappop(ends)
+            pool.remove(done)
+            if end > t:
+                t = end
+        if r is new:
+            return t - now, batch_tokens if batch_at == t else 0
+        if batch_at != t:
+            batch_at, batch_tokens = t, 0
+        batch_tokens += r.tokens
+        pool.add(r)
+        order += 1
+        heapq.heappush(ends, (t + r.duration, order, r))
+    raise AssertionError("unreachable")
+
+
+def reference_wait_s(ledger: KvLedger, now: float, tpot_s: float, block_size: int,
+                     capacity_blocks: int, prompt_tokens: int, prefix_keys: Sequence[int],
+                     prefill_s_per_token: float) -> tuple[float, int]:  # fmt: skip
+    """`KvLedger.wait_s` as merged with kv-admit: always `held` then the full play."""
+    if capacity_blocks <= 0 or block_size < 1 or not len(ledger):
+        return 0.0, 0
+    group = prefix_keys[0] if prefix_keys else None
+    shared = min(ledger.shared_tokens(prefix_keys), prompt_tokens) // block_size
+    new = Held(now, -(-prompt_tokens // block_size), group, shared if group is not None else 0)
+    running, queued = ledger.held(now, tpot_s, block_size, prefill_s_per_token)
+    return reference_admission_wait_s(now, running, queued, new, capacity_blocks)
+
+
+keys = st.lists(st.integers(0, 2), min_size=0, max_size=12)
+entry = st.tuples(
+    st.integers(1, 4000),  # prompt tokens
+    st.integers(0, 600),  # output tokens
+    st.floats(0.0, 3.0),  # predicted first token
+    keys,
+    st.integers(0, 4000),  # uncached tokens
+    st.one_of(st.none(), st.floats(0.0, 2.0)),  # observed first token
+)
+
+
+@settings(max_examples=600, deadline=None)
+@given(
+    entries=st.lists(entry, max_size=40),
+    now=st.one_of(st.floats(0.0, 4.0), st.just(LOST_AFTER_S + 20.0)),
+    tpot=st.sampled_from([0.0, 0.005, 0.02, 0.05]),
+    block_size=st.sampled_from([1, 16, 32]),
+    capacity=st.integers(-1, 6000),
+    prompt=st.integers(1, 6000),
+    new_keys=keys,
+    prefill=st.sampled_from([0.0, 1e-4, 1e-3]),
+)
+def test_wait_s_answers_as_the_reference_play(
+    entries: list[tuple[int, int, float, list[int], int, float | None]], now: float, tpot: float,
+    block_size: int, capacity: int, prompt: int, new_keys: list[int], prefill: float,
+) -> None:  # fmt: skip
+    ledger = KvLedger(key_tokens=16)
+    for ident, (p, out, first, ks, uncached, seen) in enumerate(entries):
+        ledger.add(ident, p, out, first, ks, uncached)
+        if seen is not None:
+            ledger.first_token(ident, seen)
+    before = copy.deepcopy(ledger)
+    got = ledger.wait_s(now, tpot, block_size, capacity, prompt, new_keys, prefill)
+    want = reference_wait_s(before, now, tpot, block_size, capacity, prompt, new_keys, prefill)
+    assert got == want
+    assert len(ledger) == len(before)  # the same lost entries dropped
+
+
+running_or_queued = st.tuples(
+    st.floats(0.0, 10.0), st.integers(0, 300), st.one_of(st.none(), st.integers(0, 2)),
+    st.integers(0, 300), st.floats(0.0, 5.0), st.integers(0, 3000),
+)  # fmt: skip
+
+
+def _held(t: tuple[float, int, int | None, int, float, int]) -> Held:
+    end_at, blocks, group, shared, duration, tokens = t
+    return Held(end_at, blocks, group, min(shared, blocks), duration, tokens)
+
+
+@settings(max_examples=600, deadline=None)
+@given(
+    running=st.lists(running_or_queued, max_size=30),
+    queued=st.lists(running_or_queued, max_size=20),
+    new=running_or_queued,
+    capacity=st.integers(-1, 3000),
+)
+def test_admission_wait_s_answers_as_the_reference_play(
+    running: list[tuple[float, int, int | None, int, float, int]],
+    queued: list[tuple[float, int, int | None, int, float, int]],
+    new: tuple[float, int, int | None, int, float, int],
+    capacity: int,
+) -> None:
+    r = [_held(x) for x in running]
+    q = [_held(x) for x in queued]
+    n = _held(new)
+    assert admission_wait_s(0.0, r, q, n, capacity) == reference_admission_wait_s(0.0, r, q, n, capacity)
