@@ -134,18 +134,13 @@ class LatencyEstimator:
         stale_after_s: float,
         work_weight: float = 0.0,
         stalls: list[float] | None = None,
-        prefix_keys: tuple[int, ...] = (),
     ) -> list[float]:
         """For each state: `ttft_s` of a `prompt_tokens` prompt of which the replica is believed to hold
         `matched[name]` index blocks, plus `work_weight` x `prefill_s` of its uncached part. The
         scorer's loop in one pass (the request path calls it for every candidate). With `stalls`, also
         appends each state's running requests (kvgate's in flight, or a fresh scrape's running if more)
-        x `prefill_s` of its uncached part to it, in the same pass (0.0 where nothing runs).
-        Where the replica's KV ledger holds requests and its capacity is known, the cost is at least
-        the request's predicted wait for free KV blocks plus its TTFT once admitted, as `predict`
-        reckons it (the ledger's cheap fit check answers first: nothing waits when all fit)."""
+        x `prefill_s` of its uncached part to it, in the same pass (0.0 where nothing runs)."""
         models = self._models
-        kv = self._kv
         block = self.block_tokens
         get = matched.get
         out = []
@@ -157,21 +152,7 @@ class LatencyEstimator:
             held = get(name, 0) * block  # an int from the approximate index: int() only for a fraction
             own = prompt_tokens - (held if held.__class__ is int else int(held))
             own = own if own > 0 else 0
-            cost = model.cost_s(state, fresh, own, now, work_weight)
-            ledger = kv.get(name) if kv else None
-            if ledger is not None and prompt_tokens > 0 and state.num_gpu_blocks > 0 and len(ledger):
-                batch = model.batch_kv_tokens(state, fresh)
-                kv_wait, with_tokens = ledger.wait_s(
-                    now, model.tpot_s(batch), state.block_size, state.num_gpu_blocks, prompt_tokens,
-                    prefix_keys, model.prefill_s(1.0),
-                )  # fmt: skip
-                if kv_wait > 0:
-                    later = kv_wait + model.ttft_s(float(with_tokens), own, batch, 0.0)
-                    if work_weight:
-                        later += work_weight * model.prefill_s(own)
-                    if later > cost:
-                        cost = later
-            out.append(cost)
+            out.append(model.cost_s(state, fresh, own, now, work_weight))
             if stalls is not None:
                 running = state.in_flight
                 if fresh and state.running > running:

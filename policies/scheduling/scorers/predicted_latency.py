@@ -64,7 +64,7 @@ class PredictedLatencyScorer:
             stalls: list[float] = []
             costs = est.costs(
                 candidates, ctx.request.prompt_tokens, ctx.prefix_match, ctx.now, ctx.stale_after_s,
-                self.work_weight, stalls, ctx.request.prefix_keys,
+                self.work_weight, stalls,
             )  # fmt: skip
             # Only the differences: a stall every candidate would cause is no reason to prefer one,
             # and added whole it would shrink every ratio below, widening the picker's margin.
@@ -91,8 +91,7 @@ def predicted_ttfts(
     est = ctx.latency
     assert est is not None
     return est.costs(
-        candidates, ctx.request.prompt_tokens, ctx.prefix_match, ctx.now, ctx.stale_after_s, work_weight,
-        prefix_keys=ctx.request.prefix_keys,
+        candidates, ctx.request.prompt_tokens, ctx.prefix_match, ctx.now, ctx.stale_after_s, work_weight
     )
 
 
@@ -104,7 +103,6 @@ def batch_stalls(ctx: SchedulingContext, candidates: Sequence[ReplicaState]) -> 
     assert est is not None
     stalls: list[float] = []
     est.costs(
-        candidates, ctx.request.prompt_tokens, ctx.prefix_match, ctx.now, ctx.stale_after_s, 0.0, stalls,
-        ctx.request.prefix_keys,
+        candidates, ctx.request.prompt_tokens, ctx.prefix_match, ctx.now, ctx.stale_after_s, 0.0, stalls
     )
     return stalls
