@@ -31,7 +31,7 @@ import random
 import statistics
 import time
 import tracemalloc
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -169,6 +169,26 @@ def snapshots(rng: random.Random, names: Sequence[str], count: int) -> list[tupl
     return out
 
 
+def decision_context(
+    data: bytes, keys: tuple[int, ...], match: Mapping[str, float], n: int, latency: LatencyEstimator,
+    knee: float | None,
+) -> SchedulingContext:
+    """The request and its scheduling context as the gateway builds them for decision `n` of a cell:
+    `data` the canonical prompt bytes, `keys` their block keys, `match` the index's answer for them."""
+    info = RequestInfo(
+        model=MODEL,
+        base_model=MODEL,
+        adapter=None,
+        prompt_tokens=len(data) // BYTES_PER_TOKEN,
+        max_tokens=256,
+        prefix_keys=keys,
+    )
+    return SchedulingContext(
+        request=info, now=NOW, prefix_match=match, prefix_blocks=len(keys), sequence=n, stale_after_s=1.0,
+        latency=latency, knee_factor=knee,
+    )  # fmt: skip
+
+
 def run_cell(
     tokens: int, replicas: int, decisions: int, seed: int, profile: SchedulingProfile,
     knee: float | None = DEFAULT_KNEE_FACTOR,
@@ -200,18 +220,7 @@ def run_cell(
         t2 = clock()
         match = index.match(keys, names)
         t3 = clock()
-        info = RequestInfo(
-            model=MODEL,
-            base_model=MODEL,
-            adapter=None,
-            prompt_tokens=len(data) // BYTES_PER_TOKEN,
-            max_tokens=256,
-            prefix_keys=keys,
-        )
-        ctx = SchedulingContext(
-            request=info, now=NOW, prefix_match=match, prefix_blocks=len(keys), sequence=n, stale_after_s=1.0,
-            latency=latency, knee_factor=knee,
-        )  # fmt: skip
+        ctx = decision_context(data, keys, match, n, latency, knee)
         decision = profile.schedule(ctx, pool, pick_rng)
         t4 = clock()
         if n % 10 == 0 and decision.replica is not None:

@@ -21,19 +21,30 @@ from collections.abc import Sequence
 
 import orjson
 
-from loadtests.decision_bench import BLOCK_BYTES, INDEX_BLOCK_TOKENS, MODEL, NOW, snapshots, warm_fleet
+from gateway.config_slo import DEFAULT_KNEE_FACTOR
+from loadtests.decision_bench import (
+    BLOCK_BYTES,
+    INDEX_BLOCK_TOKENS,
+    MODEL,
+    NOW,
+    decision_context,
+    snapshots,
+    warm_fleet,
+)
 from policies.latency.estimator import LatencyEstimator
-from policies.prefix import BYTES_PER_TOKEN, byte_block_keys, seed_for
+from policies.prefix import byte_block_keys, seed_for
 from policies.prompt_text import canonical_chat_bytes
 from policies.scheduling.builtin_profiles import build_builtin_profile
-from policies.scheduling.context import SchedulingContext
-from policies.types import RequestInfo
 
 CELLS = ((1024, 4), (8192, 16), (32768, 64))
 
 
-def digest(policy: str, tokens: int, replicas: int, decisions: int, seed: int) -> str:
-    """SHA-256 (hex) of `decisions` decisions of one cell under the built-in profile `policy`."""
+def digest(
+    policy: str, tokens: int, replicas: int, decisions: int, seed: int,
+    knee: float | None = DEFAULT_KNEE_FACTOR,
+) -> str:  # fmt: skip
+    """SHA-256 (hex) of `decisions` decisions of one cell under the built-in profile `policy`, the
+    latency gate's knee `knee` in the context (the default, as a gateway runs; None: the gate off)."""
     rng = random.Random(seed * 1_000_003 + tokens * 101 + replicas)
     index, names, mix = warm_fleet(rng, tokens, replicas, requests=60)
     pools = snapshots(rng, names, 8)
@@ -46,23 +57,8 @@ def digest(policy: str, tokens: int, replicas: int, decisions: int, seed: int) -
         messages = orjson.loads(orjson.dumps(mix[n % len(mix)]))  # parsed afresh, as from a body
         data = canonical_chat_bytes(messages)
         keys = byte_block_keys(data, BLOCK_BYTES, seed_key)
-        info = RequestInfo(
-            model=MODEL,
-            base_model=MODEL,
-            adapter=None,
-            prompt_tokens=len(data) // BYTES_PER_TOKEN,
-            max_tokens=256,
-            prefix_keys=keys,
-        )
-        ctx = SchedulingContext(
-            request=info,
-            now=NOW,
-            prefix_match=index.match(keys, names),
-            prefix_blocks=len(keys),
-            sequence=n,
-            stale_after_s=1.0,
-            latency=latency,
-        )
+        ctx = decision_context(data, keys, index.match(keys, names), n, latency, knee)
+        info = ctx.request
         decision = profile.schedule(ctx, pools[n % len(pools)], pick_rng)
         ranked = [r.name for r in decision.ranked]
         h.update(repr((data, keys, ranked, decision.totals, sorted(decision.dropped.items()))).encode())
@@ -81,10 +77,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--policy", nargs="+", default=["default", "predicted-latency"])
     parser.add_argument("--decisions", type=int, default=600, help="decisions per cell")
     parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--knee-factor", type=float, default=DEFAULT_KNEE_FACTOR,
+                        help="the latency gate's knee in the context (0 = gate off)")  # fmt: skip
     args = parser.parse_args(argv)
     for policy in args.policy:
         for tokens, replicas in CELLS:
-            found = digest(policy, tokens, replicas, args.decisions, args.seed)
+            found = digest(policy, tokens, replicas, args.decisions, args.seed, args.knee_factor or None)
             print(f"{policy} {tokens}/{replicas}: {found}", flush=True)
     return 0
 
