@@ -90,10 +90,10 @@ class AdmissionQueue:
     ) -> None:
         self._cfg = cfg
         self._max_wait = _max_waits(cfg)
-        self._gate = LatencyGate(cfg, latency)
         self._m = metrics
         self._clock = clock
         self._pools = AdmissionPools(cfg, stale_after_s, fleet, clock)
+        self._gate = LatencyGate(cfg, latency, self._pools)
         self._depth = 0
         self._ids = itertools.count()
         self._closed = False
@@ -137,14 +137,14 @@ class AdmissionQueue:
                 if not gated:  # (the queue is empty)
                     p.share.started(tenant, weight, now)
                     return "direct"
-                fits, drain = self._latency_room(p, now, prompt_tokens, slo)
+                fits, drain = self._gate.room(p, now, prompt_tokens, slo)
                 light = p.share.outweighed(max(fits, 0), now, p.queue.depth_of)
                 if light(tenant):  # ahead of the queue, up to its own knee, the kept room its own
                     if fits <= 0:
-                        fits, drain = self._latency_room(p, now, prompt_tokens, slo, light=True)
+                        fits, drain = self._gate.room(p, now, prompt_tokens, slo, light=True)
                     go = fits > 0
                 else:
-                    go = fits > self._kept_for_light(p, now) and not p.queue
+                    go = fits > self._gate.kept_for_light(p, now) and not p.queue
                 if go:
                     p.share.started(tenant, weight, now)
                     return "direct"
@@ -278,33 +278,6 @@ class AdmissionQueue:
 
     # -- internals ------------------------------------------------------------------------------
 
-    def _latency_room(
-        self, p: Pool, now: float, prompt_tokens: int, slo: LatencySlo, light: bool = False
-    ) -> tuple[int, float]:
-        """Requests like this one the pool's replicas can take by the latency gate (at the light
-        tenants' knee with `light`), less those released and not yet dispatched; and the least
-        predicted drain before one would fit."""
-        alone = p.share.alone(now, p.queue.depth_of)
-        replicas = self._pools.replicas()
-        thr = self._pools.thr
-        room, drain = self._gate.room(replicas, p.indexes, thr, now, prompt_tokens, slo, alone, light)
-        return room - p.pending, drain
-
-    def _kept_for_light(self, p: Pool, now: float) -> int:
-        """The gate's room a heavy tenant must leave (`light_reserve`): while some tenant is below its
-        fair share and another above its own, else 0."""
-        keep = self._cfg.light_reserve
-        if keep and p.share.someone_outweighed(0, now, p.queue.depth_of):
-            return keep
-        return 0
-
-    def _light_room(self, p: Pool, now: float) -> int:
-        """`_latency_room` at the light tenants' knee, sized by the queue's head (0 when empty)."""
-        head = p.queue.peek()
-        if head is None:
-            return 0
-        return self._latency_room(p, now, head.payload.prompt_tokens, head.payload.slo, light=True)[0]
-
     def _drain(self, p: Pool, now: float, reserve_too: bool = True) -> None:
         """Release waiters while there is room: in the queue's order above the reserve, then (if
         `reserve_too`) the queue's next among the tenants below their share."""
@@ -318,11 +291,11 @@ class AdmissionQueue:
         keep = 0  # of those, kept for the light tenants (`light_reserve`)
         light: Callable[[str], bool] | None = None
         if room > 0 and self._gate.on and (first := q.peek()) is not None:
-            fits = self._latency_room(p, now, first.payload.prompt_tokens, first.payload.slo)[0]
-            keep = self._kept_for_light(p, now)
+            fits = self._gate.room(p, now, first.payload.prompt_tokens, first.payload.slo)[0]
+            keep = self._gate.kept_for_light(p, now)
             if fits <= keep:
                 light = share.outweighed(0, now, q.depth_of)
-                fits = self._light_room(p, now)
+                fits = self._gate.light_room(p, now)
         while room > 0:
             if light is not None:
                 if fits <= 0:
@@ -347,7 +320,7 @@ class AdmissionQueue:
                 if room <= 0:
                     return
                 light = share.outweighed(0, now, q.depth_of)
-                fits = self._light_room(p, now)
+                fits = self._gate.light_room(p, now)
 
     def _refuse(
         self, p: Pool, band: Band, tenant: str, now: float, reason: str, drain_s: float | None = None
