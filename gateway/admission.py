@@ -1,5 +1,6 @@
 """Flow control: let a request start now, hold it in the fair queue while its pool is saturated, or
-refuse it (503 `fleet overloaded`, or 429 for a tenant's own queue limit) with a Retry-After.
+refuse it (503 `fleet overloaded`, or 429 for a tenant's own queue limit) with a Retry-After
+(gateway/admission_refusal.py).
 
 Per POOL (the request's base model, gateway/admission_pools.py): a `FairQueue` (strict priority
 between bands, weighted fair shares of tokens between tenants inside a band, FIFO inside a tenant),
@@ -48,6 +49,7 @@ from typing import Literal
 from prometheus_client.core import GaugeMetricFamily, Metric
 
 from gateway.admission_pools import DOWN, AdmissionPools, Pool, Waiter
+from gateway.admission_refusal import Reason, refusal
 from gateway.config import FlowControlConfig
 from gateway.drain import shutting_down
 from gateway.errors import GatewayError
@@ -56,8 +58,7 @@ from gateway.latency_gate import LatencyGate
 from gateway.metrics import GatewayMetrics
 from policies.fair_queue import QueueItem
 from policies.latency.estimator import LatencyEstimator
-from policies.latency_admission import NO_SLO, LatencySlo, retry_after_from_drain
-from policies.retry_after import retry_after_from_queue
+from policies.latency_admission import NO_SLO, LatencySlo
 from policies.types import Band
 
 Path = Literal["direct", "queued"]
@@ -323,33 +324,11 @@ class AdmissionQueue:
                 fits = self._gate.light_room(p, now)
 
     def _refuse(
-        self, p: Pool, band: Band, tenant: str, now: float, reason: str, drain_s: float | None = None
+        self, p: Pool, band: Band, tenant: str, now: float, reason: Reason, drain_s: float | None = None
     ) -> GatewayError:
-        """`drain_s`: the latency gate held the request, this many seconds from fitting (Retry-After)."""
+        """Count the refusal and build its answer (gateway/admission_refusal.py)."""
         self._m.rejections.labels(tenant, reason).inc()
-        fallback = self._cfg.retry_after_fallback_s
-        if drain_s is not None:
-            retry = retry_after_from_drain(drain_s, fallback_s=fallback)
-        else:
-            ahead = p.queue.work_ahead(band).requests + 1
-            retry = retry_after_from_queue(ahead, p.drain.requests_per_s(now), fallback_s=fallback)
-        headers = ((b"retry-after", str(retry).encode()),)
-        if reason == "tenant_queue_full":
-            return GatewayError(
-                429,
-                f"Too many requests of tenant '{tenant}' are waiting for capacity "
-                f"(limit {self._cfg.max_queue_per_tenant}). Please try again in {retry}s.",
-                code="queue_limit_exceeded",
-                headers=headers,
-            )
-        detail = {
-            "shed": f"{band.label} requests are not queued while the fleet is saturated",
-            "queue_full": "the admission queue is full",
-            "queue_timeout": f"no capacity freed up within {self._max_wait[band]:g}s",
-        }[reason]
-        return GatewayError(
-            503, f"fleet overloaded: {detail}. Please try again in {retry}s.", headers=headers
-        )
+        return refusal(p, band, tenant, now, reason, self._cfg, self._max_wait[band], drain_s)
 
     def collect(self) -> Iterable[Metric]:
         """Queue depth per pool and band, for a scrape-time callback."""
