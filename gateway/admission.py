@@ -1,28 +1,14 @@
 """Flow control: let a request start now, hold it in the fair queue while its pool is saturated, or
-refuse it (503 `fleet overloaded`, or 429 for a tenant's own queue limit) with a Retry-After.
+refuse it (503 `fleet overloaded`, or 429 for a tenant's own queue limit) with a Retry-After
+(gateway/admission_refusal.py).
 
-Per POOL (the request's base model): a `FairQueue` (strict priority between bands, weighted fair
-shares of tokens between tenants inside a band, FIFO inside a tenant), a drain-rate estimate for
-Retry-After, and a count of requests released from the queue but not yet dispatched.
-
-Room. A replica can take `replica_headroom` more requests (policies/saturation: 0 when unhealthy,
-stale, queueing more than `max_waiting_per_replica`, KV-full or at `max_in_flight_per_replica`; else
-the smaller of its in-flight room and its engine-queue room). The engine-queue room comes from the
-last scrape, so on its own it would let a burst through again and again on one stale number; each
-request kvgate sent the replica since that scrape (its in-flight count now minus at the scrape, net
-of completions) is therefore counted as having joined the engine queue until the next scrape says
-otherwise. In-flight counts are live (FleetState.dispatched runs when the forwarder starts), and the
-requests released from the queue whose tasks have not yet reached the forwarder are subtracted
-(`pending`), so one capacity event never releases more than the pool can take. Net effect: between
-two scrapes a replica gets at most `max_waiting_per_replica + 1 - waiting` new requests beyond those
-that finished, and never more than `max_in_flight_per_replica` at once. A pool with no healthy
-replica at all is not "saturated" but down: requests are not held for it (routing answers 503 at
-once instead of after a queue timeout). Replicas not in service (not ready, terminating) have no
-room and do not count as healthy here.
-
-Membership changes (replicas joining, leaving, changing pool) rebuild the pools' replica positions
-lazily, on the first call after the fleet's `membership_version` moved (`_sync`); a pool, with its
-queue, outlives its last replica.
+Per POOL (the request's base model, gateway/admission_pools.py): a `FairQueue` (strict priority
+between bands, weighted fair shares of tokens between tenants inside a band, FIFO inside a tenant),
+a drain-rate estimate for Retry-After, and a count of requests released from the queue but not yet
+dispatched. Its room, the requests it can take now (its replicas' saturation, less what kvgate sent
+them since their last scrape and what was released but not yet dispatched), is counted there; a pool
+with no healthy replica is down, not saturated: requests are not held for it (routing answers 503 at
+once instead of after a queue timeout).
 
 Fair-share reserve (policies/fair_share). The pool's last `reserve_per_replica` (at most half of
 `max_in_flight_per_replica`) x healthy replicas of room go only to tenants below their fair share of
@@ -58,46 +44,25 @@ import asyncio
 import itertools
 import math
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from prometheus_client.core import GaugeMetricFamily, Metric
 
+from gateway.admission_pools import DOWN, AdmissionPools, Pool, Waiter
+from gateway.admission_refusal import Reason, refusal
 from gateway.config import FlowControlConfig
 from gateway.drain import shutting_down
 from gateway.errors import GatewayError
 from gateway.fleet.state import FleetChange, FleetState
 from gateway.latency_gate import LatencyGate
 from gateway.metrics import GatewayMetrics
-from policies.drain_rate import DrainRate
-from policies.fair_queue import FairQueue, QueueItem
-from policies.fair_share import FairShare
+from policies.fair_queue import QueueItem
 from policies.latency.estimator import LatencyEstimator
-from policies.latency_admission import NO_SLO, LatencySlo, retry_after_from_drain
-from policies.retry_after import retry_after_from_queue
-from policies.saturation import SaturationThresholds, replica_headroom
+from policies.latency_admission import NO_SLO, LatencySlo
 from policies.types import Band
 
 Path = Literal["direct", "queued"]
-_DOWN = 1 << 30  # "room" of a pool with no healthy replica: do not hold requests for it
 _DEFAULT_MAX_WAIT = {Band.CRITICAL: 30.0, Band.STANDARD: 10.0, Band.SHEDDABLE: 0.0}
-
-
-@dataclass(frozen=True, slots=True)
-class _Waiter:
-    fut: asyncio.Future[None]
-    prompt_tokens: int
-    slo: LatencySlo
-
-
-@dataclass(slots=True)
-class _Pool:
-    name: str
-    indexes: tuple[int, ...]  # positions of its replicas in the fleet snapshot (see `_sync`)
-    drain: DrainRate
-    share: FairShare
-    queue: FairQueue[_Waiter] = field(default_factory=FairQueue)
-    pending: int = 0  # released from the queue, not yet dispatched
 
 
 def _max_waits(cfg: FlowControlConfig) -> dict[Band, float]:
@@ -124,27 +89,12 @@ class AdmissionQueue:
         clock: Callable[[], float],
         latency: LatencyEstimator | None = None,
     ) -> None:
-        sat = cfg.saturation
-        self._thr = SaturationThresholds(
-            max_waiting_per_replica=sat.max_waiting_per_replica,
-            max_kv_usage=sat.max_kv_usage,
-            max_in_flight_per_replica=sat.max_in_flight_per_replica,
-            stale_after_s=stale_after_s,
-        )
         self._cfg = cfg
         self._max_wait = _max_waits(cfg)
-        self._gate = LatencyGate(cfg, latency)
-        self._fleet = fleet
         self._m = metrics
         self._clock = clock
-        self._window = cfg.fair_share.active_window_s
-        self._pools: dict[str, _Pool] = {}
-        self._replica_pool: dict[str, _Pool] = {}
-        self._names: tuple[str, ...] = ()  # replica names in snapshot order, as `_at_scrape`
-        self._position: dict[str, int] = {}  # replica name -> its position in the snapshot
-        self._at_scrape: list[int] = []  # each replica's in-flight count at its last good scrape
-        self._membership = -1  # the fleet's membership_version the pools were built for
-        self._sync()
+        self._pools = AdmissionPools(cfg, stale_after_s, fleet, clock)
+        self._gate = LatencyGate(cfg, latency, self._pools)
         self._depth = 0
         self._ids = itertools.count()
         self._closed = False
@@ -170,7 +120,7 @@ class AdmissionQueue:
         429 (the tenant's queue limit), each with Retry-After. Cancellation-safe: a cancelled waiter
         leaves the queue.
         """
-        self._sync()
+        self._pools.sync()
         p = self._pools.get(pool)
         if p is None:
             return "direct"  # not a pool of this fleet: routing will answer
@@ -179,8 +129,8 @@ class AdmissionQueue:
         gated = self._gate.on
         drain_s: float | None = None  # the gate held it: the predicted drain, for Retry-After
         if not p.queue or (gated and self._max_wait[band] <= 0):
-            reserve = self._reserve(p)
-            room = self._room(p, now, reserve + 1)
+            reserve = self._pools.reserve(p)
+            room = self._pools.room(p, now, reserve + 1)
             if room > reserve or (
                 room > 0
                 and (band is Band.CRITICAL or p.share.below_share(tenant, room, now, p.queue.depth_of))
@@ -188,14 +138,14 @@ class AdmissionQueue:
                 if not gated:  # (the queue is empty)
                     p.share.started(tenant, weight, now)
                     return "direct"
-                fits, drain = self._latency_room(p, now, prompt_tokens, slo)
+                fits, drain = self._gate.room(p, now, prompt_tokens, slo)
                 light = p.share.outweighed(max(fits, 0), now, p.queue.depth_of)
                 if light(tenant):  # ahead of the queue, up to its own knee, the kept room its own
                     if fits <= 0:
-                        fits, drain = self._latency_room(p, now, prompt_tokens, slo, light=True)
+                        fits, drain = self._gate.room(p, now, prompt_tokens, slo, light=True)
                     go = fits > 0
                 else:
-                    go = fits > self._kept_for_light(p, now) and not p.queue
+                    go = fits > self._gate.kept_for_light(p, now) and not p.queue
                 if go:
                     p.share.started(tenant, weight, now)
                     return "direct"
@@ -214,7 +164,7 @@ class AdmissionQueue:
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         item_id = str(next(self._ids))
         # Deadlines are kept by each waiter's own timeout, not by the queue (deadline = inf).
-        waiter = _Waiter(fut, max(0, prompt_tokens), slo)
+        waiter = Waiter(fut, max(0, prompt_tokens), slo)
         p.queue.push(QueueItem(item_id, tenant, band, weight, max(0, cost_tokens), now, math.inf, waiter))
         self._depth += 1
         self._drain(p, now)  # a more important request may go ahead of what waits, if there is room
@@ -258,16 +208,16 @@ class AdmissionQueue:
         p = self._pools.get(pool)
         if p is None or p.queue:
             return False
-        reserve = self._reserve(p)
-        return reserve < self._room(p, self._clock(), reserve + 1) < _DOWN
+        reserve = self._pools.reserve(p)
+        return reserve < self._pools.room(p, self._clock(), reserve + 1) < DOWN
 
     def in_flight_of(self, tenant: str) -> int:
         """Requests of `tenant` let through and not yet `leave`-d, all pools together."""
-        return sum(p.share.in_flight_of(tenant) for p in self._pools.values())
+        return sum(p.share.in_flight_of(tenant) for p in self._pools)
 
     def depth_of(self, tenant: str) -> int:
         """Requests of `tenant` waiting, all pools together."""
-        return sum(p.queue.depth_of(tenant) for p in self._pools.values())
+        return sum(p.queue.depth_of(tenant) for p in self._pools)
 
     @property
     def depth(self) -> int:
@@ -281,16 +231,15 @@ class AdmissionQueue:
     # -- capacity events ------------------------------------------------------------------------
 
     def on_fleet_change(self, replica: str, change: FleetChange) -> None:
-        before = self._replica_pool.get(replica)  # a replica that left or moved frees its old pool
-        self._sync()
-        p = self._replica_pool.get(replica)
+        before = self._pools.of_replica(replica)  # a replica that left or moved frees its old pool
+        self._pools.sync()
+        p = self._pools.of_replica(replica)
         now = self._clock()
         if p is not None:
             if FleetChange.RELEASED in change:
                 p.drain.observe(now)
             if FleetChange.METRICS in change:
-                i = self._position[replica]
-                self._at_scrape[i] = self._fleet.snapshot().replicas[i].in_flight
+                self._pools.scraped(replica)
             if p.queue:
                 # A finished request is released here before its tenant's `leave`, which follows at
                 # once: the reserved room waits for it, so the shares it is given to are up to date.
@@ -309,7 +258,7 @@ class AdmissionQueue:
         """Refuse everything waiting, and all that would wait from now on: 503 with Retry-After and
         Connection: close (the end of a drain's propagation window, and shutdown). Idempotent."""
         self._closed = True
-        for p in self._pools.values():
+        for p in self._pools:
             while (item := p.queue.pop()) is not None:
                 if not item.payload.fut.done():
                     self._m.rejections.labels(item.tenant, "draining").inc()
@@ -319,115 +268,23 @@ class AdmissionQueue:
     def reconfigure(self, cfg: FlowControlConfig) -> None:
         """Take a reloaded `flow_control` section (not `enabled`: that needs a restart). Waiters keep
         their place and the deadline they started with; the new room may release some at once."""
-        sat = cfg.saturation
-        self._thr = replace(
-            self._thr,
-            max_waiting_per_replica=sat.max_waiting_per_replica,
-            max_kv_usage=sat.max_kv_usage,
-            max_in_flight_per_replica=sat.max_in_flight_per_replica,
-        )
         self._cfg = cfg
         self._max_wait = _max_waits(cfg)
         self._gate.reconfigure(cfg)
-        self._window = cfg.fair_share.active_window_s
+        self._pools.reconfigure(cfg)
         now = self._clock()
-        for p in self._pools.values():
-            p.share.window_s = self._window
+        for p in self._pools:
             if p.queue:
                 self._drain(p, now)
 
     # -- internals ------------------------------------------------------------------------------
 
-    def _sync(self) -> None:
-        """Rebuild the pools' replica positions after the fleet's membership changed (replicas
-        joined, left or changed pool): positions in a snapshot hold only between two changes.
-        A pool keeps its queue, drain rate and shares across changes, also while it has no replica."""
-        fleet = self._fleet
-        if fleet.membership_version == self._membership:
-            return
-        self._membership = fleet.membership_version
-        replicas = fleet.snapshot().replicas
-        positions: dict[str, list[int]] = {}
-        for i, r in enumerate(replicas):
-            if r.pool:
-                positions.setdefault(r.pool, []).append(i)
-        now = self._clock()
-        for name in positions:
-            if name not in self._pools:
-                self._pools[name] = _Pool(name, (), DrainRate(now), FairShare(self._window))
-        for name, p in self._pools.items():
-            p.indexes = tuple(positions.get(name, ()))
-        at_scrape = dict(zip(self._names, self._at_scrape, strict=True))
-        self._names = tuple(r.name for r in replicas)
-        self._position = {n: i for i, n in enumerate(self._names)}
-        self._at_scrape = [at_scrape.get(n, 0) for n in self._names]
-        self._replica_pool = {r.name: self._pools[r.pool] for r in replicas if r.pool}
-
-    def _room(self, p: _Pool, now: float, enough: int) -> int:
-        """Requests the pool can take now (see the module doc), counting up to `enough` at least."""
-        self._sync()
-        replicas = self._fleet.snapshot().replicas
-        thr = self._thr
-        queue_room = thr.max_waiting_per_replica + 1
-        room = -p.pending
-        healthy = False
-        for i in p.indexes:
-            r = replicas[i]
-            healthy = healthy or (r.healthy and r.in_service)
-            h = replica_headroom(r, thr, now)
-            if h <= 0:
-                continue
-            sent = r.in_flight - self._at_scrape[i]
-            if sent > 0:
-                h = min(h, queue_room - r.waiting - sent)
-                if h <= 0:
-                    continue
-            room += h
-            if room >= enough:
-                return room
-        return room if healthy else _DOWN
-
-    def _latency_room(
-        self, p: _Pool, now: float, prompt_tokens: int, slo: LatencySlo, light: bool = False
-    ) -> tuple[int, float]:
-        """Requests like this one the pool's replicas can take by the latency gate (at the light
-        tenants' knee with `light`), less those released and not yet dispatched; and the least
-        predicted drain before one would fit."""
-        alone = p.share.alone(now, p.queue.depth_of)
-        replicas = self._fleet.snapshot().replicas
-        room, drain = self._gate.room(replicas, p.indexes, self._thr, now, prompt_tokens, slo, alone, light)
-        return room - p.pending, drain
-
-    def _kept_for_light(self, p: _Pool, now: float) -> int:
-        """The gate's room a heavy tenant must leave (`light_reserve`): while some tenant is below its
-        fair share and another above its own, else 0."""
-        keep = self._cfg.light_reserve
-        if keep and p.share.someone_outweighed(0, now, p.queue.depth_of):
-            return keep
-        return 0
-
-    def _light_room(self, p: _Pool, now: float) -> int:
-        """`_latency_room` at the light tenants' knee, sized by the queue's head (0 when empty)."""
-        head = p.queue.peek()
-        if head is None:
-            return 0
-        return self._latency_room(p, now, head.payload.prompt_tokens, head.payload.slo, light=True)[0]
-
-    def _reserve(self, p: _Pool) -> int:
-        # Never more than half a replica's slots: the reserve is slack, not a partition.
-        per = min(self._cfg.fair_share.reserve_per_replica, self._thr.max_in_flight_per_replica // 2)
-        if not per:
-            return 0
-        self._sync()
-        replicas = self._fleet.snapshot().replicas
-        return per * sum(1 for i in p.indexes if replicas[i].healthy and replicas[i].in_service)
-
-    def _drain(self, p: _Pool, now: float, reserve_too: bool = True) -> None:
+    def _drain(self, p: Pool, now: float, reserve_too: bool = True) -> None:
         """Release waiters while there is room: in the queue's order above the reserve, then (if
         `reserve_too`) the queue's next among the tenants below their share."""
         q, share = p.queue, p.share
-        reserve = self._reserve(p)
-        room = self._room(p, now, len(q) + reserve)
+        reserve = self._pools.reserve(p)
+        room = self._pools.room(p, now, len(q) + reserve)
         if not reserve_too:
             room -= reserve
             reserve = 0
@@ -435,11 +292,11 @@ class AdmissionQueue:
         keep = 0  # of those, kept for the light tenants (`light_reserve`)
         light: Callable[[str], bool] | None = None
         if room > 0 and self._gate.on and (first := q.peek()) is not None:
-            fits = self._latency_room(p, now, first.payload.prompt_tokens, first.payload.slo)[0]
-            keep = self._kept_for_light(p, now)
+            fits = self._gate.room(p, now, first.payload.prompt_tokens, first.payload.slo)[0]
+            keep = self._gate.kept_for_light(p, now)
             if fits <= keep:
                 light = share.outweighed(0, now, q.depth_of)
-                fits = self._light_room(p, now)
+                fits = self._gate.light_room(p, now)
         while room > 0:
             if light is not None:
                 if fits <= 0:
@@ -464,43 +321,21 @@ class AdmissionQueue:
                 if room <= 0:
                     return
                 light = share.outweighed(0, now, q.depth_of)
-                fits = self._light_room(p, now)
+                fits = self._gate.light_room(p, now)
 
     def _refuse(
-        self, p: _Pool, band: Band, tenant: str, now: float, reason: str, drain_s: float | None = None
+        self, p: Pool, band: Band, tenant: str, now: float, reason: Reason, drain_s: float | None = None
     ) -> GatewayError:
-        """`drain_s`: the latency gate held the request, this many seconds from fitting (Retry-After)."""
+        """Count the refusal and build its answer (gateway/admission_refusal.py)."""
         self._m.rejections.labels(tenant, reason).inc()
-        fallback = self._cfg.retry_after_fallback_s
-        if drain_s is not None:
-            retry = retry_after_from_drain(drain_s, fallback_s=fallback)
-        else:
-            ahead = p.queue.work_ahead(band).requests + 1
-            retry = retry_after_from_queue(ahead, p.drain.requests_per_s(now), fallback_s=fallback)
-        headers = ((b"retry-after", str(retry).encode()),)
-        if reason == "tenant_queue_full":
-            return GatewayError(
-                429,
-                f"Too many requests of tenant '{tenant}' are waiting for capacity "
-                f"(limit {self._cfg.max_queue_per_tenant}). Please try again in {retry}s.",
-                code="queue_limit_exceeded",
-                headers=headers,
-            )
-        detail = {
-            "shed": f"{band.label} requests are not queued while the fleet is saturated",
-            "queue_full": "the admission queue is full",
-            "queue_timeout": f"no capacity freed up within {self._max_wait[band]:g}s",
-        }[reason]
-        return GatewayError(
-            503, f"fleet overloaded: {detail}. Please try again in {retry}s.", headers=headers
-        )
+        return refusal(p, band, tenant, now, reason, self._cfg, self._max_wait[band], drain_s)
 
     def collect(self) -> Iterable[Metric]:
         """Queue depth per pool and band, for a scrape-time callback."""
         fam = GaugeMetricFamily(
             "kvgate_queue_depth", "Requests waiting in the admission queue.", labels=["pool", "band"]
         )
-        for p in self._pools.values():
+        for p in self._pools:
             for band, n in p.queue.depth_by_band().items():
                 fam.add_metric([p.name, band.label], n)
         yield fam

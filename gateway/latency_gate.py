@@ -11,26 +11,28 @@ The knee is `knee_factor` while several tenants are active in the pool, and `sol
 larger) while at most one is: then the fair queue has nobody to choose between, and holding the
 engine to one prefill at a time only costs that tenant throughput (measured: docs/benchmarks.md,
 "Admission on predicted latency"). A tenant that arrives finds at most that much work ahead of it,
-and from then on the pool is held to `knee_factor`. The caller (gateway/admission.py) decides who is
-alone (policies/fair_share: active tenants).
+and from then on the pool is held to `knee_factor`. A tenant is alone while no other is active in
+the pool (policies/fair_share: in flight, queued, or seen within the window).
 
 A latency reserve for light tenants: a tenant below its fair share while another is above its own
 is held at `light_knee_factor` (if larger than `knee_factor`) instead, while the heavy one stops at
 `knee_factor`. The flood then never fills a replica up to where a light tenant's request would be
 held, so the light tenant's request goes at once instead of waiting behind the flood's queue; and
-light tenants together still cannot push a replica past their own knee.
+light tenants together still cannot push a replica past their own knee. The heavy one also leaves
+`light_reserve` requests' worth of the gate's room to them (`kept_for_light`); who goes first within
+that room is the admission queue's (gateway/admission.py).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 
+from gateway.admission_pools import AdmissionPools, Pool
 from gateway.config import FlowControlConfig
 from policies.latency.estimator import LatencyEstimator
 from policies.latency_admission import LatencySlo, excess_s, replica_room
-from policies.saturation import SaturationThresholds, replica_headroom
-from policies.types import Band, ReplicaState
+from policies.saturation import replica_headroom
+from policies.types import Band
 
 
 def _band_slos(cfg: FlowControlConfig) -> dict[Band, LatencySlo]:
@@ -41,10 +43,14 @@ def _band_slos(cfg: FlowControlConfig) -> dict[Band, LatencySlo]:
 
 
 class LatencyGate:
-    """One per `AdmissionQueue`. `latency`: the router's estimator (None: the gate is never on)."""
+    """One per `AdmissionQueue`, over its pools. `latency`: the router's estimator (None: the gate is
+    never on)."""
 
-    def __init__(self, cfg: FlowControlConfig, latency: LatencyEstimator | None) -> None:
+    def __init__(
+        self, cfg: FlowControlConfig, latency: LatencyEstimator | None, pools: AdmissionPools
+    ) -> None:
         self._latency = latency
+        self._pools = pools
         self._cfg = cfg
         self._band_slo = _band_slos(cfg)
 
@@ -69,26 +75,21 @@ class LatencyGate:
         return max(cfg.knee_factor, cfg.solo_knee_factor) if alone else cfg.knee_factor
 
     def room(
-        self,
-        replicas: Sequence[ReplicaState],
-        indexes: Sequence[int],
-        thr: SaturationThresholds,
-        now: float,
-        prompt_tokens: int,
-        slo: LatencySlo,
-        alone: bool,
-        light: bool = False,
+        self, p: Pool, now: float, prompt_tokens: int, slo: LatencySlo, light: bool = False
     ) -> tuple[int, float]:
-        """Requests like this one (`prompt_tokens`, `slo`) the replicas at `indexes` can take by the
-        gate (at the light tenants' knee with `light`); and the least predicted drain (seconds) before
-        one of them would take it."""
+        """Requests like this one (`prompt_tokens`, `slo`) the pool's replicas can take by the gate
+        (at the light tenants' knee with `light`), less those released and not yet dispatched; and
+        the least predicted drain (seconds) before one of them would take it."""
         est = self._latency
         assert est is not None
+        alone = p.share.alone(now, p.queue.depth_of)
+        replicas = self._pools.replicas()
+        thr = self._pools.thr
         stale, knee = thr.stale_after_s, self.knee(alone, light)
         tokens = max(0, prompt_tokens)
         room = 0
         drain = math.inf
-        for i in indexes:
+        for i in p.indexes:
             r = replicas[i]
             if replica_headroom(r, thr, now) <= 0:
                 continue
@@ -97,4 +98,19 @@ class LatencyGate:
             tpot = est.tpot_s(r, now, stale) if slo.tpot_s is not None else 0.0
             room += replica_room(predicted, unloaded, est.prefill_s(r, tokens), knee, slo, tpot)
             drain = min(drain, excess_s(predicted, unloaded, knee, slo))
-        return room, drain
+        return room - p.pending, drain
+
+    def kept_for_light(self, p: Pool, now: float) -> int:
+        """The gate's room a heavy tenant must leave (`light_reserve`): while some tenant is below its
+        fair share and another above its own, else 0."""
+        keep = self._cfg.light_reserve
+        if keep and p.share.someone_outweighed(0, now, p.queue.depth_of):
+            return keep
+        return 0
+
+    def light_room(self, p: Pool, now: float) -> int:
+        """`room` at the light tenants' knee, sized by the pool's queue's head (0 when empty)."""
+        head = p.queue.peek()
+        if head is None:
+            return 0
+        return self.room(p, now, head.payload.prompt_tokens, head.payload.slo, light=True)[0]

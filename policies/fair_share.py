@@ -8,7 +8,7 @@ requests then waited at kvgate for most of a request's duration, half a second o
 for a 30 ms solo TTFT. Holding back the last few slots of the pool from tenants already above their
 fair share keeps room for the others the moment they send.
 
-The rule. A pool's room is the number of requests it can take now (gateway/admission). While the
+The rule. A pool's room is the number of requests it can take now (gateway/admission_pools). While the
 room is at most `reserve`, only a tenant below its fair share may take a slot:
 
     share(t) = capacity * weight(t) / sum of the weights of the ACTIVE tenants
