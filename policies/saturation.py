@@ -12,7 +12,8 @@ replicas that would only queue or preempt them. A replica counts as saturated wh
 - the gateway already has `max_in_flight_per_replica` requests on it: `in_flight >= max_in_flight`
   (live between scrapes, so a burst is caught before the next scrape shows it).
 
-A pool is saturated when every replica in it is (a pool with no replicas is saturated).
+A pool is saturated when every replica in it is (a pool with no replicas is saturated): the admission
+queue sums `replica_headroom` over a pool's replicas (gateway/admission_pools).
 Pure: `now` is the caller's monotonic clock, the same one `ReplicaState.scraped_at` uses.
 """
 
@@ -22,7 +23,7 @@ import enum
 import math
 from dataclasses import dataclass
 
-from policies.types import FleetSnapshot, ReplicaState
+from policies.types import ReplicaState
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,10 +76,6 @@ def saturation_reason(r: ReplicaState, thr: SaturationThresholds, now: float) ->
     return None
 
 
-def replica_saturated(r: ReplicaState, thr: SaturationThresholds, now: float) -> bool:
-    return saturation_reason(r, thr, now) is not None
-
-
 def replica_headroom(r: ReplicaState, thr: SaturationThresholds, now: float) -> int:
     """Requests that can still be sent to `r` before it counts as saturated, counting the one that
     tips it over: 0 if saturated, else >= 1. Assumes each request sent may join the engine queue
@@ -86,17 +83,3 @@ def replica_headroom(r: ReplicaState, thr: SaturationThresholds, now: float) -> 
     if saturation_reason(r, thr, now) is not None:
         return 0
     return min(thr.max_in_flight_per_replica - r.in_flight, thr.max_waiting_per_replica + 1 - r.waiting)
-
-
-def pool_saturated(snapshot: FleetSnapshot, pool: str, thr: SaturationThresholds, now: float) -> bool:
-    """True when no replica of `pool` can take a request (also when the pool has no replicas)."""
-    return not any(
-        r.pool == pool and saturation_reason(r, thr, now) is None for r in snapshot.replicas
-    )
-
-
-def headroom(snapshot: FleetSnapshot, pool: str, thr: SaturationThresholds, now: float) -> int:
-    """How many queued requests of `pool` to dispatch now: the sum of `replica_headroom` over the
-    pool. 0 exactly when `pool_saturated`. The scheduler still picks each request's replica; this only
-    sizes one capacity event's batch so the queue drains without a saturation check per request."""
-    return sum(replica_headroom(r, thr, now) for r in snapshot.replicas if r.pool == pool)

@@ -7,13 +7,10 @@ import pytest
 from policies.saturation import (
     SaturationReason,
     SaturationThresholds,
-    headroom,
-    pool_saturated,
     replica_headroom,
-    replica_saturated,
     saturation_reason,
 )
-from policies.types import FleetSnapshot, ReplicaState
+from policies.types import ReplicaState
 
 THR = SaturationThresholds(
     max_waiting_per_replica=4, max_kv_usage=0.9, max_in_flight_per_replica=10, stale_after_s=1.0
@@ -46,13 +43,12 @@ def with_(**changes: object) -> ReplicaState:
 )
 def test_replica_rules(replica: ReplicaState, reason: SaturationReason | None) -> None:
     assert saturation_reason(replica, THR, NOW) is reason
-    assert replica_saturated(replica, THR, NOW) is (reason is not None)
 
 
 def test_zero_tolerated_waiting_means_any_queue_saturates() -> None:
     thr = dataclasses.replace(THR, max_waiting_per_replica=0)
-    assert not replica_saturated(OK, thr, NOW)
-    assert replica_saturated(with_(waiting=1), thr, NOW)
+    assert saturation_reason(OK, thr, NOW) is None
+    assert saturation_reason(with_(waiting=1), thr, NOW) is SaturationReason.WAITING
 
 
 @pytest.mark.parametrize(
@@ -84,24 +80,3 @@ def test_thresholds_refuse_nonsense(kwargs: dict[str, float]) -> None:
 )
 def test_replica_headroom(replica: ReplicaState, room: int) -> None:
     assert replica_headroom(replica, THR, NOW) == room
-
-
-def snap(*replicas: ReplicaState) -> FleetSnapshot:
-    return FleetSnapshot(replicas=replicas, taken_at=NOW)
-
-
-@pytest.mark.parametrize(
-    ("fleet", "saturated", "room"),
-    [
-        (snap(), True, 0),  # no replicas at all
-        (snap(with_(pool="other")), True, 0),  # replicas, but none in this pool
-        (snap(OK), False, 5),
-        (snap(with_(name="a", waiting=9), with_(name="b", in_flight=10)), True, 0),
-        (snap(with_(name="a", waiting=9), with_(name="b", in_flight=8)), False, 2),
-        (snap(with_(name="a", healthy=False), with_(name="b", scraped_at=NOW - 5)), True, 0),
-        (snap(with_(name="a"), with_(name="b", waiting=3), with_(name="c", pool="other")), False, 7),
-    ],
-)
-def test_pool_saturation_and_headroom(fleet: FleetSnapshot, saturated: bool, room: int) -> None:
-    assert pool_saturated(fleet, "llama", THR, NOW) is saturated
-    assert headroom(fleet, "llama", THR, NOW) == room
