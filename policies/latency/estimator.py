@@ -26,7 +26,7 @@ from types import MappingProxyType
 
 from policies.latency.kv_admission import KvLedger
 from policies.latency.prior import LatencyPrior
-from policies.latency.replica_model import Quote, ReplicaLatencyModel, quote_costs
+from policies.latency.replica_model import TTFT_X_TOKENS, Quote, ReplicaLatencyModel, quote_costs
 from policies.types import ReplicaState
 
 
@@ -133,26 +133,31 @@ class LatencyEstimator:
         matched: Mapping[str, float],
         now: float,
         stale_after_s: float,
-        into: dict[str, Quote],
-    ) -> dict[str, Quote]:
-        """Puts into `into` each state's `Quote` (`ReplicaLatencyModel.quote`) for a `prompt_tokens`
-        prompt of which the replica is believed to hold `matched[name]` index blocks, skipping the
-        replicas already there, and returns it: one decision's pricing pass, whose quotes its filters
-        and scorers share (`SchedulingContext.quotes`). The request path calls it for every candidate."""
+        memo: dict[str, Quote],
+    ) -> list[Quote]:
+        """Each state's `Quote` (`ReplicaLatencyModel.quote`) for a `prompt_tokens` prompt of which the
+        replica is believed to hold `matched[name]` index blocks: one decision's pricing pass. `memo`
+        holds the decision's quotes by replica name: a state found there is not priced again, the
+        others join it, so the decision's filters and scorers price each candidate once
+        (`SchedulingContext.quotes`). The request path calls it for every candidate."""
         models = self._models
         block = self.block_tokens
         get = matched.get
+        whole_x = prompt_tokens / TTFT_X_TOKENS
+        out = []
         for state in states:
             name = state.name
-            if name in into:
-                continue
-            model = models.get(name) or self.model(name, state.pool)
-            scraped = state.scraped_at
-            fresh = scraped is not None and now - scraped <= stale_after_s
-            held = get(name, 0) * block  # an int from the approximate index: int() only for a fraction
-            own = prompt_tokens - (held if held.__class__ is int else int(held))
-            into[name] = model.quote(state, fresh, own if own > 0 else 0, prompt_tokens, now)
-        return into
+            if name in memo:
+                quote = memo[name]
+            else:
+                model = models.get(name) or self.model(name, state.pool)
+                scraped = state.scraped_at
+                fresh = scraped is not None and now - scraped <= stale_after_s
+                held = get(name, 0) * block  # an int from the approximate index: int() only for a fraction
+                own = prompt_tokens - (held if held.__class__ is int else int(held))
+                quote = memo[name] = model.quote(state, fresh, own if own > 0 else 0, whole_x, now)
+            out.append(quote)
+        return out
 
     def costs(
         self,
@@ -169,8 +174,8 @@ class LatencyEstimator:
         `stalls`, also appends each state's running requests (kvgate's in flight, or a fresh scrape's
         running if more) x `prefill_s` of its uncached part to it (0.0 where nothing runs). `price`
         and `quote_costs` in one call, for a caller with no decision's quotes to share."""
-        priced = self.price(states, prompt_tokens, matched, now, stale_after_s, {})
-        return quote_costs([priced[s.name] for s in states], work_weight, stalls)
+        quotes = self.price(states, prompt_tokens, matched, now, stale_after_s, {})
+        return quote_costs(quotes, work_weight, stalls)
 
     def prefill_s(self, state: ReplicaState, uncached: int) -> float:
         """Seconds of `state`'s replica's compute that `uncached` prefill tokens take (the marginal

@@ -55,9 +55,9 @@ class SchedulingContext(NamedTuple):
     quotes: dict[str, Quote] | None = None
 
 
-def latency_quotes(ctx: SchedulingContext, candidates: Sequence[ReplicaState]) -> dict[str, Quote]:
-    """`ctx.latency`'s quotes of `candidates` for `ctx.request` (it must be set), by replica name: those
-    of the decision's memo (`ctx.quotes`), the candidates missing there priced and added to it."""
+def latency_quotes(ctx: SchedulingContext, candidates: Sequence[ReplicaState]) -> list[Quote]:
+    """`ctx.latency`'s quote of each candidate for `ctx.request` (it must be set): the decision's
+    (`ctx.quotes`) where it has one, the others priced and added to it."""
     est = ctx.latency
     assert est is not None
     memo = ctx.quotes

@@ -46,9 +46,11 @@ class LatencyKneeFilter:
         knee, est = ctx.knee_factor, ctx.latency
         if knee is None or est is None or len(candidates) < 2:
             return candidates
-        priced = latency_quotes(ctx, candidates)  # the decision's quotes: the scorer reads them too
-        # A quote's first item is the predicted TTFT, its last the unloaded TTFT of the whole prompt.
-        kept = [r for r in candidates if (q := priced[r.name])[0] <= knee * q[4]]
+        quotes = latency_quotes(ctx, candidates)  # the decision's quotes: the scorer reads them too
+        kept = []
+        for r, (predicted, _, _, _, unloaded) in zip(candidates, quotes, strict=True):
+            if predicted <= knee * unloaded:
+                kept.append(r)
         if not kept or len(kept) == len(candidates):
             return candidates
         return kept

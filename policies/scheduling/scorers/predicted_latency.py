@@ -61,8 +61,7 @@ class PredictedLatencyScorer:
         est = ctx.latency
         if est is None or not candidates:
             return [1.0] * len(candidates)
-        priced = latency_quotes(ctx, candidates)  # the decision's quotes: once for the knee filter too
-        quotes = [priced[r.name] for r in candidates]
+        quotes = latency_quotes(ctx, candidates)  # the decision's quotes: once for the knee filter too
         if self.batch_weight:
             stalls: list[float] = []
             costs = quote_costs(quotes, self.work_weight, stalls)
@@ -88,15 +87,13 @@ def predicted_ttfts(
 ) -> list[float]:
     """Each candidate's predicted TTFT for `ctx.request` in seconds (`ctx.latency` must be set), plus
     `work_weight` x the seconds of its own uncached prefill there."""
-    priced = latency_quotes(ctx, candidates)
-    return quote_costs([priced[r.name] for r in candidates], work_weight)
+    return quote_costs(latency_quotes(ctx, candidates), work_weight)
 
 
 def batch_stalls(ctx: SchedulingContext, candidates: Sequence[ReplicaState]) -> list[float]:
     """Each candidate's running requests x the seconds of `ctx.request`'s own uncached prefill there
     (`ctx.latency` must be set): the time its prefill holds up the batch decoding there. The scorer
     takes them from the same quotes as the costs (`quote_costs`' `stalls`); this is that step."""
-    priced = latency_quotes(ctx, candidates)
     stalls: list[float] = []
-    quote_costs([priced[r.name] for r in candidates], 0.0, stalls)
+    quote_costs(latency_quotes(ctx, candidates), 0.0, stalls)
     return stalls

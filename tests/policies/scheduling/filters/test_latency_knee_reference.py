@@ -57,15 +57,17 @@ def test_each_quote_is_its_reference(fleet_specs: list[Spec], prompt_tokens: int
     # To the last bit: the predicted TTFT, the uncached tokens, the fit's slope, the running requests
     # (kvgate's, or a fresh scrape's if more) and the whole prompt's unloaded TTFT.
     est, candidates, match = fleet(fleet_specs)
-    quotes = est.price(candidates, prompt_tokens, match, NOW, STALE, {})
-    for r in candidates:
+    memo: dict[str, Quote] = {}
+    quotes = est.price(candidates, prompt_tokens, match, NOW, STALE, memo)
+    assert [memo[r.name] for r in candidates] == quotes  # the decision's memo has them by name
+    for r, quote in zip(candidates, quotes, strict=True):
         uncached = est.uncached_tokens(prompt_tokens, match.get(r.name, 0))
         model = est.model(r.name, r.pool)
         fresh = r.is_fresh(NOW, STALE)
         running = max(r.in_flight, r.running) if fresh else r.in_flight
         ttft = reference_cost_s(model, r, fresh, uncached, NOW, 0.0)
         unloaded = est.unloaded_ttft_s(r, prompt_tokens)
-        assert quotes[r.name] == (ttft, uncached, model.ttft.b, running, unloaded)
+        assert quote == (ttft, uncached, model.ttft.b, running, unloaded)
 
 
 @settings(max_examples=300, deadline=None)

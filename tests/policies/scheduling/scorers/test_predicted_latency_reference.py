@@ -77,7 +77,8 @@ def test_the_scorer_is_its_reference(
     # (which sees them all, the scorer those it kept): the scorer reads their quotes, prices the rest.
     memo: dict[str, Quote] | None = None
     if shared:
-        memo = est.price(candidates[::2], prompt_tokens, match, NOW, STALE, {})
+        memo = {}
+        est.price(candidates[::2], prompt_tokens, match, NOW, STALE, memo)
     scores = list(scorer.score(ctx._replace(quotes=memo), candidates))
     assert scores == reference_scores(scorer, ctx, candidates)
     if memo is not None:
