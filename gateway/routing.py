@@ -255,6 +255,7 @@ class Router:
             kv_fit=fit,
             latency=self.latency,
             knee_factor=self._knee,
+            quotes={},  # the decision's latency quotes: the knee filter's, read again by the scorer
         )
         return Routed(self.profile.schedule(ctx, candidates, self._rng), match)
 

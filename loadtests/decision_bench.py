@@ -185,7 +185,7 @@ def decision_context(
     )
     return SchedulingContext(
         request=info, now=NOW, prefix_match=match, prefix_blocks=len(keys), sequence=n, stale_after_s=1.0,
-        latency=latency, knee_factor=knee,
+        latency=latency, knee_factor=knee, quotes={},
     )  # fmt: skip
 
 

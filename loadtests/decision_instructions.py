@@ -10,7 +10,10 @@ warms the interpreter with untimed decisions, then runs phases of `--decisions` 
 call (the loop's own cost, subtracted from every other phase), the whole decision (canonical bytes,
 block keys, index match, context, `schedule`), each of its stages alone (the first four on the same
 requests, `RequestInfo` and `SchedulingContext` construction as one), `schedule` alone, and each
-filter, scorer and the picker alone on the full pool. Before each phase and after the last it calls
+filter, scorer and the picker alone on the full pool. Each phase runs on contexts of its own, with an
+empty memo of latency quotes: a plugin alone prices what it asks for, while `schedule` shares the
+quotes between the `latency-knee` filter and the `predicted-latency` scorer (the "quotes shared"
+phase is that scorer reading the filter's). Before each phase and after the last it calls
 `os.getppid()`, at which callgrind dumps its counters (`--dump-before=os_getppid`), so each phase has
 a dump of its own (`callgrind_annotate --inclusive=yes FILE` shows where a phase's instructions went,
 by C function).
@@ -40,7 +43,7 @@ from policies.latency.estimator import LatencyEstimator
 from policies.prefix import BYTES_PER_TOKEN, byte_block_keys, seed_for
 from policies.prompt_text import canonical_chat_bytes
 from policies.scheduling.builtin_profiles import build_builtin_profile
-from policies.scheduling.context import SchedulingContext
+from policies.scheduling.context import SchedulingContext, latency_quotes
 from policies.types import RequestInfo
 
 MARKER = "os_getppid"  # the C function behind os.getppid(): nothing on the decision path calls it
@@ -71,7 +74,7 @@ def phases(
                            prompt_tokens=len(data) // BYTES_PER_TOKEN, max_tokens=256, prefix_keys=keys)
         return SchedulingContext(request=info, now=NOW, prefix_match=index.match(keys, names),
                                  prefix_blocks=len(keys), sequence=n, stale_after_s=1.0,
-                                 latency=latency, knee_factor=knee)  # fmt: skip
+                                 latency=latency, knee_factor=knee, quotes={})  # fmt: skip
 
     def decide(msgs: list[dict[str, Any]], pool: Any, n: int) -> Any:
         return profile.schedule(context(msgs, n), pool, pick_rng)
@@ -85,9 +88,16 @@ def phases(
     def noop(a: object, b: object) -> None:
         return None
 
-    def over_ctxs(f: Callable[[Any, Any], object]) -> Callable[[], None]:
+    def over_ctxs(f: Callable[[Any, Any], object], shared: bool = False) -> Callable[[], None]:
+        """A phase calling `f` on each context, each with a memo of latency quotes of its own: empty
+        (the phase prices what it asks for), or with `shared` filled as the knee filter leaves it."""
+        mine = [(c._replace(quotes={}), pool) for c, pool in ctxs]
+        if shared:
+            for c, pool in mine:
+                latency_quotes(c, pool)
+
         def run() -> None:
-            for c, pool in ctxs:
+            for c, pool in mine:
                 f(c, pool)
 
         return run
@@ -117,7 +127,7 @@ def phases(
             info = RequestInfo(model=MODEL, base_model=MODEL, adapter=None,
                                prompt_tokens=len(data) // BYTES_PER_TOKEN, max_tokens=256, prefix_keys=keys)
             SchedulingContext(request=info, now=NOW, prefix_match=found, prefix_blocks=len(keys), sequence=n,
-                              stale_after_s=1.0, latency=latency, knee_factor=knee)  # fmt: skip
+                              stale_after_s=1.0, latency=latency, knee_factor=knee, quotes={})  # fmt: skip
 
     def picker() -> None:
         pick = profile.picker.pick
@@ -136,13 +146,31 @@ def phases(
     out += [(f"filter {f.name}", over_ctxs(f.filter)) for f in profile.filters]
     out += [(f"scorer {w.scorer.name}", over_ctxs(w.scorer.score)) for w in profile.weighted_scorers]
     out.append((f"picker {profile.picker.name}", picker))
-    if any(w.scorer.name == "predicted-latency" for w in profile.weighted_scorers):
+    scorers = {w.scorer.name: w.scorer for w in profile.weighted_scorers}
+    if "predicted-latency" in scorers:
+        if knee is not None and any(f.name == "latency-knee" for f in profile.filters):
+            # As in `schedule`: the knee filter priced the candidates, the scorer reads its quotes.
+            out.append(("scorer predicted-latency, quotes shared",
+                        over_ctxs(scorers["predicted-latency"].score, shared=True)))  # fmt: skip
+
         # The model's part of the scorer (work_weight 1, as in the built-in profile).
         def costs(c: SchedulingContext, pool: Any) -> object:
             return latency.costs(pool, c.request.prompt_tokens, c.prefix_match, c.now, c.stale_after_s, 1.0)
 
         out.append(("LatencyEstimator.costs", over_ctxs(costs)))
+    if latency_quotes_used(profile, knee):
+
+        def price(c: SchedulingContext, pool: Any) -> object:
+            return latency.price(pool, c.request.prompt_tokens, c.prefix_match, c.now, c.stale_after_s, {})
+
+        out.append(("LatencyEstimator.price", over_ctxs(price)))
     return out
+
+
+def latency_quotes_used(profile: Any, knee: float | None) -> bool:
+    """The profile prices candidates with the latency models: the knee filter with a knee, or the scorer."""
+    knee_filter = knee is not None and any(f.name == "latency-knee" for f in profile.filters)
+    return knee_filter or any(w.scorer.name == "predicted-latency" for w in profile.weighted_scorers)
 
 
 def child(args: argparse.Namespace) -> int:

@@ -1,15 +1,16 @@
 """`LatencyEstimator`: every replica's latency model, and the tickets between a dispatch and what it got.
 
-The request path asks it twice. Scheduling (the `predicted-latency` scorer) calls `ttft_s` for each
-candidate: a few float operations, no allocation beyond the replica's model on first sight. The
-dispatch (each attempt) calls `predict` for the replica tried and `dispatched` with the result: the
-`Prediction` is the ticket the gateway keeps until the answer's first token (`prefilled`, `started`,
-then `observe_ttft`) and its end (`observe_tpot`, `ended`). A ticket predicted with the request's
-prompt and output cap also joins the replica's KV ledger (`kv_admission`) until `ended`: the TTFT of
-a later request there includes its wait for free KV blocks, when the replica's capacity is known. The
-TTFT fit still calibrates on the whole observed TTFT less the step under way (the KV wait is not
-subtracted: measured, subtracting it moved routing and cost goodput; docs/benchmarks.md, "KV-block
-admission in the TTFT model"). Observations calibrate the replica's model only when the
+The request path asks it twice. Scheduling (the `latency-knee` filter and the `predicted-latency`
+scorer) prices each candidate once per decision (`price`: a few float operations and a tuple, no
+other allocation beyond the replica's model on first sight). The dispatch (each attempt) calls
+`predict` for the replica tried and `dispatched` with the result: the `Prediction` is the ticket the
+gateway keeps until the answer's first token (`prefilled`, `started`, then `observe_ttft`) and its
+end (`observe_tpot`, `ended`). A ticket predicted with the request's prompt and output cap also joins
+the replica's KV ledger (`kv_admission`) until `ended`: the TTFT of a later request there includes
+its wait for free KV blocks, when the replica's capacity is known. The TTFT fit still calibrates on
+the whole observed TTFT less the step under way (the KV wait is not subtracted: measured,
+subtracting it moved routing and cost goodput; docs/benchmarks.md, "KV-block admission in the TTFT
+model"). Observations calibrate the replica's model only when the
 prediction's inputs were fresh (its scrape within `stale_after_s` at dispatch): a TTFT that waited
 behind a queue the gateway could not see says nothing about the replica's prefill rate.
 
@@ -25,7 +26,7 @@ from types import MappingProxyType
 
 from policies.latency.kv_admission import KvLedger
 from policies.latency.prior import LatencyPrior
-from policies.latency.replica_model import ReplicaLatencyModel
+from policies.latency.replica_model import TTFT_X_TOKENS, Quote, ReplicaLatencyModel, quote_costs
 from policies.types import ReplicaState
 
 
@@ -125,6 +126,39 @@ class LatencyEstimator:
         model = self._models.get(state.name) or self.model(state.name, state.pool)
         return model.ttft_s(0.0, uncached, 0.0, 0.0)
 
+    def price(
+        self,
+        states: Sequence[ReplicaState],
+        prompt_tokens: int,
+        matched: Mapping[str, float],
+        now: float,
+        stale_after_s: float,
+        memo: dict[str, Quote],
+    ) -> list[Quote]:
+        """Each state's `Quote` (`ReplicaLatencyModel.quote`) for a `prompt_tokens` prompt of which the
+        replica is believed to hold `matched[name]` index blocks: one decision's pricing pass. `memo`
+        holds the decision's quotes by replica name: a state found there is not priced again, the
+        others join it, so the decision's filters and scorers price each candidate once
+        (`SchedulingContext.quotes`). The request path calls it for every candidate."""
+        models = self._models
+        block = self.block_tokens
+        get = matched.get
+        whole_x = prompt_tokens / TTFT_X_TOKENS
+        out = []
+        for state in states:
+            name = state.name
+            if name in memo:
+                quote = memo[name]
+            else:
+                model = models.get(name) or self.model(name, state.pool)
+                scraped = state.scraped_at
+                fresh = scraped is not None and now - scraped <= stale_after_s
+                held = get(name, 0) * block  # an int from the approximate index: int() only for a fraction
+                own = prompt_tokens - (held if held.__class__ is int else int(held))
+                quote = memo[name] = model.quote(state, fresh, own if own > 0 else 0, whole_x, now)
+            out.append(quote)
+        return out
+
     def costs(
         self,
         states: Sequence[ReplicaState],
@@ -136,29 +170,12 @@ class LatencyEstimator:
         stalls: list[float] | None = None,
     ) -> list[float]:
         """For each state: `ttft_s` of a `prompt_tokens` prompt of which the replica is believed to hold
-        `matched[name]` index blocks, plus `work_weight` x `prefill_s` of its uncached part. The
-        scorer's loop in one pass (the request path calls it for every candidate). With `stalls`, also
-        appends each state's running requests (kvgate's in flight, or a fresh scrape's running if more)
-        x `prefill_s` of its uncached part to it, in the same pass (0.0 where nothing runs)."""
-        models = self._models
-        block = self.block_tokens
-        get = matched.get
-        out = []
-        for state in states:
-            name = state.name
-            model = models.get(name) or self.model(name, state.pool)
-            scraped = state.scraped_at
-            fresh = scraped is not None and now - scraped <= stale_after_s
-            held = get(name, 0) * block  # an int from the approximate index: int() only for a fraction
-            own = prompt_tokens - (held if held.__class__ is int else int(held))
-            own = own if own > 0 else 0
-            out.append(model.cost_s(state, fresh, own, now, work_weight))
-            if stalls is not None:
-                running = state.in_flight
-                if fresh and state.running > running:
-                    running = state.running
-                stalls.append(running * model.prefill_s(own) if running else 0.0)
-        return out
+        `matched[name]` index blocks, plus `work_weight` x `prefill_s` of its uncached part. With
+        `stalls`, also appends each state's running requests (kvgate's in flight, or a fresh scrape's
+        running if more) x `prefill_s` of its uncached part to it (0.0 where nothing runs). `price`
+        and `quote_costs` in one call, for a caller with no decision's quotes to share."""
+        quotes = self.price(states, prompt_tokens, matched, now, stale_after_s, {})
+        return quote_costs(quotes, work_weight, stalls)
 
     def prefill_s(self, state: ReplicaState, uncached: int) -> float:
         """Seconds of `state`'s replica's compute that `uncached` prefill tokens take (the marginal

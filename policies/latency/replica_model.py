@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import heapq
 from collections import deque
+from collections.abc import Sequence
 
 from policies.latency.prior import LatencyPrior
 from policies.latency.rls import LinearFit
@@ -52,6 +53,32 @@ _MEAN_WEIGHT = 0.1  # EWMA weight of one dispatch in the mean uncached prompt
 # kvgate together, one chunk per stream).
 _SAME_STEP = 0.3
 _NOT_TOLD = float("-inf")  # a due entry's dispatch time when the caller did not give one
+
+# One replica's price for one request in one decision (`ReplicaLatencyModel.quote`), a plain tuple
+# (built per candidate on the request path: a NamedTuple's constructor costs ~1k instructions more):
+# (predicted TTFT s, own uncached tokens, the TTFT fit's slope (s per TTFT_X_TOKENS prefill tokens),
+# requests running there, unloaded TTFT of the whole prompt s).
+Quote = tuple[float, int, float, int, float]
+
+
+def quote_costs(
+    quotes: Sequence[Quote], work_weight: float = 0.0, stalls: list[float] | None = None
+) -> list[float]:
+    """Each quote's TTFT plus `work_weight` x the seconds of its own uncached prefill. With `stalls`,
+    also appends each one's running requests x those seconds to it (0.0 where nothing runs)."""
+    x = TTFT_X_TOKENS
+    if stalls is None:
+        if work_weight:
+            return [t + work_weight * b * own / x for t, own, b, _, _ in quotes]
+        return [q[0] for q in quotes]
+    costs: list[float] = []
+    cost, stall = costs.append, stalls.append
+    unit = work_weight == 1.0  # then its work term is exactly its prefill's seconds: 1.0 x b == b
+    for t, own, b, running, _ in quotes:
+        prefill = b * own / x
+        stall(running * prefill if running else 0.0)
+        cost(t + prefill if unit else t + work_weight * b * own / x if work_weight else t)
+    return costs
 
 
 class ReplicaLatencyModel:
@@ -164,31 +191,41 @@ class ReplicaLatencyModel:
         ttft = wait + self.ttft.predict((ahead + uncached) / TTFT_X_TOKENS)
         return ttft if ttft > step else step
 
-    def cost_s(
-        self, state: ReplicaState, fresh: bool, uncached: float, now: float, work_weight: float
-    ) -> float:
-        """`ttft_s` from `state`'s inputs, plus `work_weight` x `prefill_s(uncached)`: the scorer's
-        per-candidate call, inlined (the same arithmetic as the methods above, about 3x faster)."""
-        # batch_kv_tokens
+    def quote(self, state: ReplicaState, fresh: bool, uncached: int, whole_x: float, now: float) -> Quote:
+        """One decision's price of this replica for a request with `uncached` tokens of its own to
+        prefill here, its whole prompt `whole_x` x TTFT_X_TOKENS tokens (a `Quote`): `ttft_s` from
+        `state`'s inputs, the fit's slope and the running requests for the work and stall terms
+        (`quote_costs`), and the unloaded TTFT of the whole prompt (`ttft_s(0, whole, 0, 0)`) for the
+        knee. The request path's per-candidate call, inlined (the arithmetic of the methods above,
+        about 3x faster)."""
+        # batch_kv_tokens, and the requests decoding here: kvgate's in flight, or a fresh scrape's
+        # running if more
+        running = state.in_flight
         batch = float(state.in_flight_tokens)
-        if fresh and state.running > state.in_flight:
-            per_request = batch / state.in_flight if state.in_flight else self.mean_uncached
-            batch += (state.running - state.in_flight) * per_request
-        # tokens_ahead
+        if fresh and state.running > running:
+            per_request = batch / running if running else self.mean_uncached
+            batch += (state.running - running) * per_request
+            running = state.running
+        # tokens_ahead, and in_step_tokens (none while a fresh scrape shows requests waiting)
         due = self.due
         if due and due[0][0] <= now:
             self.expire(now)
-        in_step = self.in_step_tokens(state, fresh)
-        ahead = self.pending_tokens - in_step
-        if fresh and state.waiting:
-            scraped = state.waiting * self.mean_uncached
+        waiting = state.waiting if fresh else 0
+        if waiting:
+            in_step = 0.0
+            ahead = float(self.pending_tokens)
+            scraped = waiting * self.mean_uncached
             if scraped > ahead:
                 ahead = scraped
+        else:
+            in_step = self.in_step_tokens(state, fresh)
+            ahead = self.pending_tokens - in_step
         tpot, ttft = self.tpot, self.ttft
-        step = tpot.a + tpot.b * batch / TPOT_X_TOKENS
-        cost = ttft.a + ttft.b * (ahead + uncached) / TTFT_X_TOKENS
-        if batch > 0:  # wait_s
-            length = ttft.a + ttft.b * in_step / TTFT_X_TOKENS if in_step else step
+        ta, tb, step0 = ttft.a, ttft.b, tpot.a
+        step = step0 + tpot.b * batch / TPOT_X_TOKENS
+        cost = ta + tb * (ahead + uncached) / TTFT_X_TOKENS
+        if batch > 0.0:  # wait_s
+            length = ta + tb * in_step / TTFT_X_TOKENS if in_step else step
             if length < step:
                 length = step
             last = self.last_step_at
@@ -196,9 +233,9 @@ class ReplicaLatencyModel:
             cost += length - since if 0.0 <= since < length else 0.5 * step
         if cost < step:
             cost = step
-        if work_weight:
-            cost += work_weight * ttft.b * uncached / TTFT_X_TOKENS
-        return cost
+        # ttft_s(0.0, whole, 0.0, 0.0): nothing ahead, no batch (its step is the fit's intercept)
+        unloaded = ta + tb * whole_x
+        return cost, uncached, tb, running, unloaded if unloaded > step0 else step0
 
     def prefill_s(self, uncached: float) -> float:
         return self.ttft.b * uncached / TTFT_X_TOKENS

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import NamedTuple
 
 from policies.kv_fit import GroupFit
 from policies.latency.estimator import LatencyEstimator
-from policies.types import RequestInfo
+from policies.latency.replica_model import Quote
+from policies.types import ReplicaState, RequestInfo
 
 
 class SchedulingContext(NamedTuple):
@@ -32,6 +33,12 @@ class SchedulingContext(NamedTuple):
       so a profile without such a scorer pays nothing for it.
     - `knee_factor`: the latency gate's knee (`flow_control.knee_factor`) while predicted admission is
       on, for the `latency-knee` filter; None when it is off (the filter then keeps every candidate).
+    - `quotes`: the decision's memo of `latency`'s prices, replica name -> `Quote` (`latency_quotes`):
+      the first plugin that asks prices the candidates, later ones read the same quotes, so the
+      `latency-knee` filter and the `predicted-latency` scorer price each candidate once. The one
+      mutable part: whoever builds a context for a decision gives it a new empty dict, and never
+      reuses the context for another decision (other states, or the ledger moved). None: each plugin
+      prices for itself.
     """
 
     request: RequestInfo
@@ -45,3 +52,16 @@ class SchedulingContext(NamedTuple):
     kv_fit: GroupFit | None = None
     latency: LatencyEstimator | None = None
     knee_factor: float | None = None
+    quotes: dict[str, Quote] | None = None
+
+
+def latency_quotes(ctx: SchedulingContext, candidates: Sequence[ReplicaState]) -> list[Quote]:
+    """`ctx.latency`'s quote of each candidate for `ctx.request` (it must be set): the decision's
+    (`ctx.quotes`) where it has one, the others priced and added to it."""
+    est = ctx.latency
+    assert est is not None
+    memo = ctx.quotes
+    return est.price(
+        candidates, ctx.request.prompt_tokens, ctx.prefix_match, ctx.now, ctx.stale_after_s,
+        {} if memo is None else memo,
+    )  # fmt: skip

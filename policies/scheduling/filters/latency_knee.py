@@ -17,6 +17,9 @@ against it (a bound on the uncached part alone would call a held prefix "over th
 anything was queued there, and move the conversation).
 
 Soft: when no candidate is within the knee every candidate is kept (the scorers decide as before).
+Both are priced in the decision's one pass over the candidates (`latency_quotes`), which the
+`predicted-latency` scorer then reads instead of pricing them again.
+
 A no-op when the context carries no knee (`SchedulingContext.knee_factor` is None: predicted
 admission is off) or no latency models, and with fewer than two candidates.
 """
@@ -27,7 +30,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
-from policies.scheduling.context import SchedulingContext
+from policies.scheduling.context import SchedulingContext, latency_quotes
 from policies.types import ReplicaState
 
 
@@ -43,13 +46,11 @@ class LatencyKneeFilter:
         knee, est = ctx.knee_factor, ctx.latency
         if knee is None or est is None or len(candidates) < 2:
             return candidates
-        prompt = ctx.request.prompt_tokens
-        predicted = est.costs(candidates, prompt, ctx.prefix_match, ctx.now, ctx.stale_after_s)
-        kept = [
-            r
-            for r, t in zip(candidates, predicted, strict=True)
-            if t <= knee * est.unloaded_ttft_s(r, prompt)
-        ]
+        quotes = latency_quotes(ctx, candidates)  # the decision's quotes: the scorer reads them too
+        kept = []
+        for r, (predicted, _, _, _, unloaded) in zip(candidates, quotes, strict=True):
+            if predicted <= knee * unloaded:
+                kept.append(r)
         if not kept or len(kept) == len(candidates):
             return candidates
         return kept

@@ -35,7 +35,8 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from policies.scheduling.context import SchedulingContext
+from policies.latency.replica_model import quote_costs
+from policies.scheduling.context import SchedulingContext, latency_quotes
 from policies.types import ReplicaState
 
 
@@ -60,18 +61,16 @@ class PredictedLatencyScorer:
         est = ctx.latency
         if est is None or not candidates:
             return [1.0] * len(candidates)
+        quotes = latency_quotes(ctx, candidates)  # the decision's quotes: once for the knee filter too
         if self.batch_weight:
             stalls: list[float] = []
-            costs = est.costs(
-                candidates, ctx.request.prompt_tokens, ctx.prefix_match, ctx.now, ctx.stale_after_s,
-                self.work_weight, stalls,
-            )  # fmt: skip
+            costs = quote_costs(quotes, self.work_weight, stalls)
             # Only the differences: a stall every candidate would cause is no reason to prefer one,
             # and added whole it would shrink every ratio below, widening the picker's margin.
             least, w = min(stalls), self.batch_weight
             costs = [c + w * (s - least) for c, s in zip(costs, stalls, strict=True)]
         else:
-            costs = predicted_ttfts(ctx, candidates, self.work_weight)
+            costs = quote_costs(quotes, self.work_weight)
         best = min(costs)
         scores = [best / t if t > 0.0 else 1.0 for t in costs]
         bound = self.tpot_slo_s
@@ -88,21 +87,13 @@ def predicted_ttfts(
 ) -> list[float]:
     """Each candidate's predicted TTFT for `ctx.request` in seconds (`ctx.latency` must be set), plus
     `work_weight` x the seconds of its own uncached prefill there."""
-    est = ctx.latency
-    assert est is not None
-    return est.costs(
-        candidates, ctx.request.prompt_tokens, ctx.prefix_match, ctx.now, ctx.stale_after_s, work_weight
-    )
+    return quote_costs(latency_quotes(ctx, candidates), work_weight)
 
 
 def batch_stalls(ctx: SchedulingContext, candidates: Sequence[ReplicaState]) -> list[float]:
     """Each candidate's running requests x the seconds of `ctx.request`'s own uncached prefill there
     (`ctx.latency` must be set): the time its prefill holds up the batch decoding there. The scorer
-    takes them from the same pass as the costs (`LatencyEstimator.costs`' `stalls`); this is that pass."""
-    est = ctx.latency
-    assert est is not None
+    takes them from the same quotes as the costs (`quote_costs`' `stalls`); this is that step."""
     stalls: list[float] = []
-    est.costs(
-        candidates, ctx.request.prompt_tokens, ctx.prefix_match, ctx.now, ctx.stale_after_s, 0.0, stalls
-    )
+    quote_costs(latency_quotes(ctx, candidates), 0.0, stalls)
     return stalls
