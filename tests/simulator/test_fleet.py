@@ -21,19 +21,38 @@ async def test_replicas_serve_on_their_own_ports() -> None:
         assert fleet.replica(2).stats.num_running == 0
 
 
+def _free_pair() -> int:
+    """A port whose next one was free too a moment ago."""
+    while True:
+        with socket.socket() as probe, socket.socket() as second:
+            probe.bind(("127.0.0.1", 0))
+            base = int(probe.getsockname()[1])
+            try:
+                second.bind(("127.0.0.1", base + 1))
+            except OSError:
+                continue
+            return base
+
+
 async def test_base_port_gives_consecutive_ports() -> None:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        base = probe.getsockname()[1]
-    try:
+    # Another process may take a probed port before the fleet binds it: probe again (a few times,
+    # rather than skipping the test the first time it happens).
+    for _ in range(10):
+        base = _free_pair()
         fleet = SimFleet(replicas=2, base_port=base)
-        await fleet.start()
-    except OSError:
-        pytest.skip("the probed ports were taken meanwhile")
-    try:
-        assert fleet.urls == [f"http://127.0.0.1:{base}", f"http://127.0.0.1:{base + 1}"]
-    finally:
-        await fleet.stop()
+        try:
+            await fleet.start()
+        except OSError:
+            continue
+        try:
+            assert fleet.urls == [f"http://127.0.0.1:{base}", f"http://127.0.0.1:{base + 1}"]
+            async with httpx.AsyncClient(timeout=5) as client:
+                for url in fleet.urls:
+                    assert (await client.get(url + "/health")).status_code == 200
+        finally:
+            await fleet.stop()
+        return
+    pytest.fail("10 probed pairs of free ports were all taken before the fleet could bind them")
 
 
 async def test_per_replica_faults() -> None:
