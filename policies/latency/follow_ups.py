@@ -39,6 +39,9 @@ from __future__ import annotations
 from collections import deque
 
 _WEIGHT = 0.05  # EWMA weight of one settled step in the share's sums
+# Requests dispatched to a replica with no step seen since: more than vLLM's default `max_num_seqs`
+# (256) cannot have joined one step; a replica serving only non-streaming answers never shows one.
+_MAX_BATCH = 1024
 
 
 class FollowUpCredits:
@@ -106,7 +109,10 @@ class Joiners:
         return joiners * self._joined_tokens / self._joined if joiners else 0.0
 
     def dispatched(self, ident: int, uncached: int, owed: int, busy: bool, took: int, newest: int) -> None:
-        self._batch.append((uncached, owed if busy else -1, took, newest, ident))
+        batch = self._batch
+        if len(batch) >= _MAX_BATCH:  # no step seen for that long (no streams there): not one step
+            batch.clear()
+        batch.append((uncached, owed if busy else -1, took, newest, ident))
 
     def step_began(self) -> None:
         """A step began: the requests dispatched here since the last one are in it. Each was joined

@@ -5,7 +5,7 @@ fit's calibration, so that it does not absorb them as a slower prefill)."""
 import pytest
 
 from policies.latency.estimator import LatencyEstimator, Prediction
-from policies.latency.follow_ups import FollowUpCredits, Joiners
+from policies.latency.follow_ups import _MAX_BATCH, FollowUpCredits, Joiners
 from policies.latency.prior import LatencyPrior
 from policies.latency.replica_model import TTFT_X_TOKENS
 from policies.latency.rls import LinearFit
@@ -81,6 +81,14 @@ def test_a_request_sent_to_an_idle_replica_calibrates_nothing() -> None:
     joiners.step_began()
     assert joiners.share == pytest.approx(1.0)  # the second's owed only: 1 of 1
     assert joiners.seen[1] == 0
+
+
+def test_without_steps_seen_the_requests_kept_are_bounded() -> None:
+    joiners = Joiners()  # a replica serving only non-streaming answers: no chunk dates a step
+    for ident in range(3 * _MAX_BATCH):
+        joiners.dispatched(ident, 100, 1, True, ident, ident + 1)
+    joiners.step_began()
+    assert len(joiners.seen) <= _MAX_BATCH
 
 
 def burst(est: LatencyEstimator, now: float, size: int) -> list[Prediction]:
