@@ -117,23 +117,39 @@ class Joiners:
     def step_began(self) -> None:
         """A step began: the requests dispatched here since the last one are in it. Each was joined
         by those dispatched after it; of those, the follow-ups it was owed (they took a credit that
-        was left at its dispatch) calibrate the tokens per owed follow-up."""
+        was left at its dispatch) calibrate the tokens per owed follow-up.
+
+        One pass, not a pass per request: credits are taken oldest first, so the credits taken rise
+        with the dispatch order, and so does the newest credit at each dispatch. The follow-ups a
+        request was owed are then the credit-takers after it up to a bound that only moves forward."""
         batch = self._batch
+        if not batch:
+            return
+        # The credit-takers in dispatch order: positions, and running sums of their uncached tokens.
+        takers = [pos for pos, entry in enumerate(batch) if entry[2] >= 0]
+        taken_tokens = [0]
+        for pos in takers:
+            taken_tokens.append(taken_tokens[-1] + batch[pos][0])
+        after = sum(entry[0] for entry in batch)  # uncached tokens dispatched after the current one
+        before = 0  # takers at or before the current position
+        owed_up_to = 0  # takers whose credit was given by the current request's dispatch
         joined_sum = 0.0
         tokens_sum = 0.0
         owed_sum = 0.0
         seen = self.seen
-        for i, (_, owed, _, newest, ident) in enumerate(batch):
+        for uncached, owed, took, newest, ident in batch:
+            after -= uncached
+            if took >= 0:
+                before += 1
+            while owed_up_to < len(takers) and batch[takers[owed_up_to]][2] <= newest:
+                owed_up_to += 1
             if owed < 0:  # an idle replica's step began with that request alone: not counted
                 seen[ident] = 0
                 continue
             owed_sum += owed
-            after = 0
-            for uncached, _, took, _, _ in batch[i + 1 :]:
-                after += uncached
-                if 0 <= took <= newest:
-                    joined_sum += 1
-                    tokens_sum += uncached
+            if owed_up_to > before:
+                joined_sum += owed_up_to - before
+                tokens_sum += taken_tokens[owed_up_to] - taken_tokens[before]
             seen[ident] = after
         if owed_sum > 0.0:
             self._joined += _WEIGHT * (joined_sum - self._joined)
