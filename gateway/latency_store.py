@@ -60,15 +60,18 @@ class LatencyStore:
                 self.errors.append(error)
         return error
 
-    def ended(self, ticket: Prediction, had_first_token: bool, tpot_s: float | None = None) -> None:
+    def ended(
+        self, ticket: Prediction, had_first_token: bool, tpot_s: float | None = None, now: float | None = None
+    ) -> None:
         """The attempt of `ticket` ended, whatever happened: it leaves the pending-prefill ledger if
-        it never had a first token, and the KV-block ledger in any case (its blocks are free)."""
+        it never had a first token, and the KV-block ledger in any case (its blocks are free). `now`
+        (the estimator's clock) dates the end: a closed-loop client's next request may follow."""
         est = self.estimator
         if not had_first_token:
             est.prefilled(ticket)
         elif tpot_s is not None:
             est.observe_tpot(ticket, tpot_s)
-        est.ended(ticket)
+        est.ended(ticket, now)
 
     def forget(self, replica: str) -> None:
         """The replica left or restarted: its model and its error series go."""

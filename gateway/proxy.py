@@ -256,7 +256,7 @@ class ProxyEndpoint:
             gw.fleet.finished(r.name, tokens)
             if res.adapter is not None:
                 gw.model_routes.finished(res, r.name)
-            latency.ended(attempt[0], attempt[2], _tpot(progress) if attempt[2] else None)
+            latency.ended(attempt[0], attempt[2], _tpot(progress) if attempt[2] else None, gw.clock())
             usage = progress.usage
             if usage is not None and usage.completion_tokens:  # the pool's request mix (headroom)
                 ticket = attempt[0]

@@ -251,7 +251,7 @@ class GatewayModel:
         lets it go, and `tpot_s` (its mean seconds per output token) calibrates decode."""
         self.fleet.finished(self.names[routed.replica], routed.tokens)
         if routed.ticket is not None and routed.gateway == self.number:
-            self.latency.ended(routed.ticket, had_first_token, tpot_s)
+            self.latency.ended(routed.ticket, had_first_token, tpot_s, self._clock())
 
 
 def replica_metrics(stats: EngineStats) -> ReplicaMetrics:

@@ -10,9 +10,13 @@ the replica's KV ledger (`kv_admission`) until `ended`: the TTFT of a later requ
 its wait for free KV blocks, when the replica's capacity is known. The TTFT fit still calibrates on
 the whole observed TTFT less the step under way (the KV wait is not subtracted: measured,
 subtracting it moved routing and cost goodput; docs/benchmarks.md, "KV-block admission in the TTFT
-model"). Observations calibrate the replica's model only when the
-prediction's inputs were fresh (its scrape within `stale_after_s` at dispatch): a TTFT that waited
-behind a queue the gateway could not see says nothing about the replica's prefill rate.
+model"), but with the prefill of the requests seen to join its step (dispatched there after it,
+before the step began): else the fit takes their prefill as the request's own and over-predicts
+every request that nobody joins. A ticket also counts the follow-ups of streams that just ended that
+are expected to join its step (`follow_ups`; `ended` with the time). Observations calibrate the
+replica's model only when the prediction's inputs were fresh (its scrape within `stale_after_s` at
+dispatch): a TTFT that waited behind a queue the gateway could not see says nothing about the
+replica's prefill rate.
 
 Replicas are keyed by name; a replica's prior is its pool's (`priors`), else `default_prior`. Pure and
 single-threaded: the caller passes `now` and owns the instance.
@@ -24,6 +28,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from types import MappingProxyType
 
+from policies.latency.follow_ups import FollowUpCredits, Joiners
 from policies.latency.kv_admission import KvLedger
 from policies.latency.prior import LatencyPrior
 from policies.latency.replica_model import TTFT_X_TOKENS, Quote, ReplicaLatencyModel, quote_costs
@@ -53,13 +58,19 @@ class Prediction:
     output_tokens: int = 0
     prefix_keys: tuple[int, ...] = ()
     kv_wait_s: float = 0.0
+    # Follow-ups of streams that just ended still to come at dispatch, and the uncached tokens of
+    # them expected to join this request's step, which `ttft_s` includes (`follow_ups`).
+    owed: int = 0
+    joined_tokens: float = 0.0
 
 
 class LatencyEstimator:
     """Per-replica `ReplicaLatencyModel`s (module docstring). `block_tokens` is the prefix index's
     block size in tokens: `prefix_match` counts convert to cached tokens with it."""
 
-    __slots__ = ("_idents", "_kv", "_models", "block_tokens", "default_prior", "priors")
+    __slots__ = (
+        "_credits", "_idents", "_joiners", "_kv", "_models", "block_tokens", "default_prior", "priors",
+    )  # fmt: skip
 
     def __init__(
         self,
@@ -77,6 +88,8 @@ class LatencyEstimator:
         # priors: the requests are still there).
         self._kv: dict[str, KvLedger] = {}
         self._idents = 0
+        self._credits = FollowUpCredits()  # follow-ups of ended streams still to come (fleet-wide)
+        self._joiners: dict[str, Joiners] = {}  # per replica: the share of them that joins a step
 
     def set_priors(self, priors: Mapping[str, LatencyPrior], default_prior: LatencyPrior) -> None:
         """New priors (a reload). When they differ from the old ones every replica starts over from
@@ -102,6 +115,7 @@ class LatencyEstimator:
         """The replica left (or restarted at a new address): its calibration and ledger go."""
         self._models.pop(replica, None)
         self._kv.pop(replica, None)
+        self._joiners.pop(replica, None)
 
     def uncached_tokens(self, prompt_tokens: int, matched_blocks: float) -> int:
         """The prompt's tokens a replica believed to hold `matched_blocks` index blocks must prefill."""
@@ -210,7 +224,11 @@ class LatencyEstimator:
         batch = model.batch_kv_tokens(state, fresh)
         wait = model.wait_s(batch, now, model.in_step_tokens(state, fresh))
         tpot = model.tpot_s(batch)
-        ttft = model.ttft_s(ahead, uncached, batch, wait)
+        owed = self._credits.owed(now) - 1  # this request is one of them, if any
+        owed = owed if owed > 0 else 0
+        joiners = self._joiners.get(state.name)
+        joined = joiners.expected_tokens(owed) if joiners and batch > 0 else 0.0
+        ttft = model.ttft_s(ahead + joined, uncached, batch, wait)
         kv_wait = 0.0
         ledger = self._kv.get(state.name)
         if ledger is not None and prompt_tokens > 0:
@@ -241,6 +259,8 @@ class LatencyEstimator:
             output_tokens=output_tokens,
             prefix_keys=prefix_keys,
             kv_wait_s=kv_wait,
+            owed=owed,
+            joined_tokens=joined,
         )
 
     def dispatched(self, p: Prediction, now: float | None = None) -> Prediction:
@@ -251,6 +271,12 @@ class LatencyEstimator:
         if now is not None:
             p = replace(p, due_at=now + p.ttft_s)
         self.model(p.replica, p.pool).dispatched(p.uncached_tokens, p.at, p.due_at)
+        credits = self._credits
+        took = credits.take()
+        joiners = self._joiners.get(p.replica)
+        if joiners is None:
+            joiners = self._joiners[p.replica] = Joiners()
+        joiners.dispatched(p.ident, p.uncached_tokens, p.owed, p.batch_kv_tokens > 0, took, credits.newest)
         if p.prompt_tokens > 0 and p.at is not None:
             ledger = self._kv.get(p.replica)
             if ledger is None:
@@ -266,12 +292,20 @@ class LatencyEstimator:
         if ledger is not None:
             ledger.first_token(p.ident, at)
 
-    def ended(self, p: Prediction) -> None:
+    def ended(self, p: Prediction, now: float | None = None) -> None:
         """Ticket `p`'s request ended, whatever the outcome: its KV blocks are free (it leaves the
-        replica's KV ledger). Call once per `dispatched`, after `prefilled`."""
+        replica's KV ledger). With `now` (the caller's clock, as for `predict`), a follow-up request
+        may come from its client within one unloaded decode step of the replica (`follow_ups`).
+        Call once per `dispatched`, after `prefilled`."""
         ledger = self._kv.get(p.replica)
         if ledger is not None:
             ledger.remove(p.ident)
+        joiners = self._joiners.get(p.replica)
+        if joiners is not None:
+            joiners.seen.pop(p.ident, None)
+        if now is not None:
+            model = self._models.get(p.replica)
+            self._credits.ended(now + (model.tpot.a if model is not None else 0.0))
 
     def kv_in_flight(self, replica: str) -> int:
         """Requests the KV ledger holds on `replica` (dispatched, not ended)."""
@@ -291,8 +325,10 @@ class LatencyEstimator:
         if not ttft_s > 0:
             return None
         model = self._models.get(p.replica)
+        joiners = self._joiners.get(p.replica)
+        joined = joiners.seen.pop(p.ident, 0) if joiners is not None else 0
         if model is not None and p.fresh:
-            model.observe_ttft(p.ahead_tokens, p.uncached_tokens, p.wait_s, ttft_s)
+            model.observe_ttft(p.ahead_tokens + joined, p.uncached_tokens, p.wait_s, ttft_s)
         return abs(p.ttft_s - ttft_s) / ttft_s
 
     def step_seen(self, replica: str, at: float) -> None:
@@ -300,8 +336,10 @@ class LatencyEstimator:
         a step of that replica ended then, which dates the next one (chunks of one step, one per
         stream, count once: `ReplicaLatencyModel.step_seen`)."""
         model = self._models.get(replica)
-        if model is not None:
-            model.step_seen(at)
+        if model is not None and model.step_seen(at):
+            joiners = self._joiners.get(replica)
+            if joiners is not None:
+                joiners.step_began()
 
     def observe_tpot(self, p: Prediction, tpot_s: float) -> bool:
         """Ticket `p`'s request's mean time between output tokens was `tpot_s`. True when calibrated."""

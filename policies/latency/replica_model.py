@@ -144,14 +144,16 @@ class ReplicaLatencyModel:
         at, tokens = self._ledger[0]
         return at is not None and at < prev and tokens <= budget
 
-    def step_seen(self, at: float) -> None:
-        """A chunk of one of kvgate's streams here came at `at`: a step ended then, unless another
-        chunk of the same step came just before (a step's chunks, one per stream, come together)."""
+    def step_seen(self, at: float) -> bool:
+        """A chunk of one of kvgate's streams here came at `at`: a step ended then (True), unless
+        another chunk of the same step came just before (a step's chunks, one per stream, come
+        together: False)."""
         last = self.last_step_at
         if last is not None and 0.0 <= at - last < _SAME_STEP * self.tpot.a:
-            return
+            return False
         self.prev_step_at = last
         self.last_step_at = at
+        return True
 
     def tokens_ahead(self, state: ReplicaState, fresh: bool, now: float) -> float:
         due = self.due

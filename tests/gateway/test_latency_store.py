@@ -45,6 +45,19 @@ def test_an_attempt_without_a_first_token_leaves_the_ledger() -> None:
     assert est.models()["r0"].pending_tokens == 0 and est.models()["r0"].pending_requests == 0
 
 
+def test_an_end_dated_by_the_proxy_leaves_a_follow_up_expected() -> None:
+    est = LatencyEstimator(64)
+    store = LatencyStore(est)
+    tickets = [store.dispatch(est.predict(state("r0"), 700, NOW, 1.0)) for _ in range(3)]
+    for ticket in tickets[:2]:
+        store.first_token(ticket, 0.05)
+        store.ended(ticket, True, 0.01, NOW + 1.0)  # dated: its client may send its next request
+    store.first_token(tickets[2], 0.05)
+    store.ended(tickets[2], True, 0.01)  # not dated: nothing expected
+    # Two follow-ups expected: the next request is one, the other is still to come.
+    assert est.predict(state("r0"), 700, NOW + 1.0, 1.0).owed == 1
+
+
 def test_a_reload_with_new_priors_starts_the_replicas_over() -> None:
     replicas = [{"url": "http://127.0.0.1:9", "model": "m", "name": "r0"}]
     old = parse_config({"replicas": replicas})
