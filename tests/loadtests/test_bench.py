@@ -153,6 +153,7 @@ def test_gateway_config_is_a_valid_config_for_the_policy() -> None:
     assert config.scheduling.profile == "least-loaded"
     assert [r.url for r in config.replicas] == urls and {r.model for r in config.replicas} == {"llama-3-8b"}
     assert config.server.port == 9100 and not config.tenants
+    assert config.server.drain_propagation_s == 0.0  # stopping a gateway does not wait for a balancer
     scale = preset.fleet.time_scale
     assert config.flow_control.bands["standard"].max_wait_s == 10.0 * scale
 
