@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 from prometheus_client.core import GaugeMetricFamily
 
 from gateway import worker_metrics as wm
+from gateway.atomic_file import write_atomic
 
 if TYPE_CHECKING:
     from gateway.gateway import Gateway
@@ -164,7 +165,7 @@ class WorkerGroup:
     # -- metrics ----------------------------------------------------------------------------------
 
     def _save(self, families: list[wm.Family]) -> None:
-        wm.write_atomic(self.slot.snapshot(self.index), wm.dumps(families, os.getpid()))
+        write_atomic(self.slot.snapshot(self.index), wm.dumps(families, os.getpid()))
 
     async def scrape(self) -> bytes:
         """Every worker's metrics merged (gateway/worker_metrics.py), for GET /metrics."""

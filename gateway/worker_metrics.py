@@ -29,9 +29,7 @@ per sibling over a Unix socket, a JSON encode and a merge: milliseconds).
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Iterable, Sequence
-from pathlib import Path
 from typing import Any
 
 from prometheus_client import CollectorRegistry, generate_latest
@@ -89,13 +87,6 @@ def dumps(families: Sequence[Family], pid: int) -> bytes:
 def loads(data: bytes) -> tuple[int, list[Family]]:
     doc = json.loads(data)
     return int(doc["pid"]), list(doc["families"])
-
-
-def write_atomic(path: Path, data: bytes) -> None:
-    """Replace `path` with `data` (a reader sees the old file or the new one, never half)."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
 
 
 def _mode(name: str, kind: str) -> str:

@@ -140,7 +140,8 @@ def gateway_config(
     (`sim_clock_jump_s`, `sim_distorted`)."""
     scale = preset.fleet.time_scale
     config: dict[str, Any] = {
-        "server": {"host": "127.0.0.1", "port": port, "log_level": "warning"},
+        # No load balancer to tell: the bench stops a gateway after its load, so no drain propagation.
+        "server": {"host": "127.0.0.1", "port": port, "log_level": "warning", "drain_propagation_s": 0.0},
         "models": [{"name": model, "tokenizer": preset.gateway_tokenizer}],
         "replicas": [{"url": u, "model": model, "name": f"r{i}"} for i, u in enumerate(urls)],
         "upstream": {

@@ -56,6 +56,7 @@ from typing import Any
 
 import orjson
 
+from gateway.atomic_file import write_atomic
 from loadtests.measures import FleetDelta, LoadgenUsage, Measures
 from loadtests.slo import Slo
 
@@ -321,12 +322,14 @@ def validate_results(doc: Any) -> None:
 def write_results(
     path: Path, meta: Mapping[str, Any], records: Sequence[RunRecord | Mapping[str, Any]]
 ) -> None:
-    """Validate and write `results.json` at `path` (parent directories created)."""
+    """Validate and write `results.json` at `path` (parent directories created). The file is replaced
+    whole: a reader polling it while a bench runs never sees it half-written, and an interrupted write
+    keeps the previous records."""
     runs = [r.as_dict() if isinstance(r, RunRecord) else dict(r) for r in records]
     doc = {"meta": dict(meta), "runs": runs}
     validate_results(doc)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(orjson.dumps(doc, option=orjson.OPT_INDENT_2) + b"\n")
+    write_atomic(path, orjson.dumps(doc, option=orjson.OPT_INDENT_2) + b"\n")
 
 
 def load_results(path: Path) -> dict[str, Any]:

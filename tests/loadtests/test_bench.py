@@ -14,8 +14,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+import httpx
 import orjson
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.cli import build_parser
 from gateway.commands.bench import resolve
@@ -151,6 +153,7 @@ def test_gateway_config_is_a_valid_config_for_the_policy() -> None:
     assert config.scheduling.profile == "least-loaded"
     assert [r.url for r in config.replicas] == urls and {r.model for r in config.replicas} == {"llama-3-8b"}
     assert config.server.port == 9100 and not config.tenants
+    assert config.server.drain_propagation_s == 0.0  # stopping a gateway does not wait for a balancer
     scale = preset.fleet.time_scale
     assert config.flow_control.bands["standard"].max_wait_s == 10.0 * scale
 
@@ -258,6 +261,16 @@ def _not_listening(url: str) -> bool:
         return s.connect_ex((host, int(port))) != 0
 
 
+def _served(urls: list[str]) -> float:
+    """Requests the fleet has finished so far (`vllm:request_success_total` over its replicas)."""
+    total = 0.0
+    for url in urls:
+        text = httpx.get(url + "/metrics", timeout=10.0).text
+        total += sum(s.value for f in text_string_to_metric_families(text) for s in f.samples
+                     if s.name == "vllm:request_success_total")
+    return total
+
+
 def _children_gone(meta: dict[str, Any]) -> None:
     children = meta["children"]
     pids = [children["simulator"], *children["gateways"].values()]
@@ -316,7 +329,11 @@ def test_interrupt_stops_the_children_and_keeps_partial_results(
                 break
         time.sleep(0.1)
     assert meta, "the bench never started a gateway"
-    time.sleep(1.0)  # into the load point
+    # Into the load point (the only one; no warm-up): wait until the fleet has served a request
+    # through the gateway, however slowly the loaded machine gets there.
+    while proc.poll() is None and _served(meta["replica_urls"]) == 0 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert proc.poll() is None and _served(meta["replica_urls"]) > 0, "no request served"
     os.kill(proc.pid, sig)
     _, stderr = proc.communicate(timeout=30)
     assert proc.returncode == code, stderr.decode()

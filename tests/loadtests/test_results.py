@@ -5,6 +5,7 @@ import datetime
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 
 import loadtests.results as results_module
@@ -139,6 +140,20 @@ def test_write_and_load_round_trip(tmp_path: Path) -> None:
     assert doc["meta"]["slo"] == {"ttft_s": 1.0, "tpot_s": 0.05} and doc["meta"]["workloads"]
     assert [r["policy"] for r in doc["runs"]] == ["round-robin", "least-loaded"]
     assert doc["runs"][0] == a_record().as_dict()
+
+
+def test_a_rewrite_replaces_the_file_whole(tmp_path: Path) -> None:
+    # The bench rewrites results.json after every load point while others poll it (the interrupt
+    # test, a user's watch): a reader holding the file must keep a whole document, never see it cut.
+    path = tmp_path / "results.json"
+    meta = make_meta(command="x", slo=None)
+    write_results(path, meta, [a_record()])
+    with path.open("rb") as reader:
+        write_results(path, meta, [a_record(), a_record(policy="least-loaded")])
+        held = orjson.loads(reader.read())
+    assert [r["policy"] for r in held["runs"]] == ["round-robin"]
+    assert [r["policy"] for r in load_results(path)["runs"]] == ["round-robin", "least-loaded"]
+    assert [p.name for p in tmp_path.iterdir()] == ["results.json"]  # no temporary file left
 
 
 def test_invalid_documents_are_not_written(tmp_path: Path) -> None:

@@ -89,17 +89,32 @@ async def test_error_rate(how: str) -> None:
     assert set(statuses) == {200, 500}
 
 
+async def _one_request(client: httpx.AsyncClient) -> tuple[float, float, float]:
+    """One 20-token request on an idle replica: its engine steps, their summed simulated duration
+    (the modelled time, slowdown applied) and the request's reported e2e latency (simulated seconds)."""
+    response = await client.post("/v1/completions", json={"prompt": "x", "max_tokens": 20})
+    assert response.status_code == 200
+    steps = await metric(client, "kvgate_sim_steps_total")
+    modelled = await metric(client, "kvgate_sim_busy_wall_seconds_total") / await metric(
+        client, "kvgate_sim_time_scale")
+    return steps, modelled, await metric(client, "vllm:e2e_request_latency_seconds_sum")
+
+
 @HOW
 async def test_slowdown_stretches_simulated_time(how: str) -> None:
-    request = {"prompt": "x", "max_tokens": 20}
+    # The step durations the engine computes are deterministic; the e2e latency also holds whatever
+    # the simulator's clock skipped when the loaded machine scheduled it late (kvgate_sim_clock_jump),
+    # so the baseline's latency is no yardstick. Compare the modelled step times, and check the
+    # slowed request's latency covers its stretched steps (a clock jump only adds to it).
     async with faulty(how) as client:  # no faults: the baseline
-        await client.post("/v1/completions", json=request)
-        base = await metric(client, "vllm:e2e_request_latency_seconds_sum")
+        base_steps, base_modelled, base_e2e = await _one_request(client)
     async with faulty(how, slowdown=4.0) as client:
-        await client.post("/v1/completions", json=request)
-        slow = await metric(client, "vllm:e2e_request_latency_seconds_sum")
+        slow_steps, slow_modelled, slow_e2e = await _one_request(client)
         assert await metric(client, "kvgate_sim_slowdown") == 4.0
-    assert slow > 3 * base
+    assert slow_steps == base_steps > 0  # the same steps...
+    assert slow_modelled == pytest.approx(4.0 * base_modelled, rel=1e-9)  # ...each four times as long
+    assert base_e2e >= base_modelled * (1 - 1e-9)
+    assert slow_e2e >= 4.0 * base_modelled * (1 - 1e-9)
 
 
 @HOW
