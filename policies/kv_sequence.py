@@ -28,7 +28,10 @@ address: a restarted engine whose first batches were missed, now numbering exact
 stopped, would pass for a continuation. So after a reconnection the tracker asks the replay socket
 for the last batch it applied (`expected - 1`) and compares it with the one it kept (`same`): the
 same batch means the same engine, and only what was missed meanwhile is applied; another batch (or
-none) means another engine, whose picture starts over (with its sequence 0: complete at once).
+none) means another engine, whose picture starts over (with its sequence 0: complete at once). When
+none came back the new engine has published fewer batches than the old one had: its history is
+asked for from 0 at once (what it published while the connection was down would otherwise wait for
+its next batch to reveal the gap).
 
 Pure logic: no sockets, no clock. Counters are plain ints the caller reads for metrics.
 """
@@ -163,6 +166,8 @@ class SequenceTracker(Generic[T]):
             self.expected = None
             held, self._held = self._held, []
             steps: list[Step[T]] = [Reset(complete=False)]
+            if not held:  # its history is shorter than the old one's: ask for it whole now, rather
+                return [*steps, *self._ask_history()]  # than wait for the engine's next batch
             for seq, item in held:
                 steps += self.live(seq, item)
             return steps
@@ -214,6 +219,15 @@ class SequenceTracker(Generic[T]):
             steps.append(Reset(complete=False))
         steps.append(Replay(start))
         return steps
+
+    def _ask_history(self) -> list[Step[T]]:
+        """Ask for the engine's batches from 0, none in hand (after a reconnection to a new engine
+        whose history is shorter than the old one's: it may have published while we were away)."""
+        self.replays += 1
+        self.replay_start = 0
+        self.expected = 0
+        self._held = []
+        return [Replay(0)]
 
     def _lose_up_to(self, seq: int, item: T) -> list[Step[T]]:
         self.losses += 1

@@ -76,34 +76,36 @@ class ReplicaFeed:
         self.freshness.heard(now)
         return self._run(self.tracker.live(batch.seq, batch))
 
-    def on_replayed(self, frames: Sequence[bytes], now: float) -> bool:
-        """A message from the replay socket: `[b"", seq, payload]`. True when it is the end marker."""
+    def on_replayed(self, frames: Sequence[bytes], now: float) -> int | None:
+        """A message from the replay socket: `[b"", seq, payload]`. Returns the start of the next
+        replay to ask for, or None. After the end marker `tracker.replaying` is False unless the
+        held batches asked for another replay (a new engine's history, from 0), which is returned."""
         try:
             if len(frames) != 3 or frames[0]:
                 raise WireError(f"a replay answer is [empty, seq, payload], got {len(frames)} frames")
             seq = decode_seq(bytes(frames[1]))
             if seq == REPLAY_END:
-                self._run(self.tracker.replay_ended(True))
-                return True
+                return self._run(self.tracker.replay_ended(True))
             ts, events, rank = decode_payload(bytes(frames[2]))
         except WireError as err:
             self._invalid(err)
-            return False
+            return None
         self.freshness.heard(now)
         batch = EventBatch(topic="", seq=seq, ts=ts, events=events, dp_rank=rank)
-        self._run(self.tracker.replayed(seq, batch))
-        return False
+        return self._run(self.tracker.replayed(seq, batch))
 
     def on_reconnected(self) -> int | None:
         """The SUB's connection dropped and is back (maybe to a restarted engine): returns the replay
         start that checks which (`SequenceTracker.reconnected`), or None."""
         return self._run(self.tracker.reconnected())
 
-    def on_replay_failed(self) -> None:
-        """The replay did not end in time (or its socket failed): the missing batches are lost."""
-        if self.tracker.replaying:
-            self.replays_failed += 1
-            self._run(self.tracker.replay_ended(False))
+    def on_replay_failed(self) -> int | None:
+        """The replay did not end in time (or its socket failed): the missing batches are lost.
+        Returns the start of a replay the held batches ask for (a new engine's history), or None."""
+        if not self.tracker.replaying:
+            return None
+        self.replays_failed += 1
+        return self._run(self.tracker.replay_ended(False))
 
     # -- for routing -------------------------------------------------------------------------------
 

@@ -106,18 +106,19 @@ class Subscriber:
                     if start is not None:
                         self._ask_replay(poller, start, now)
                 dealer = self._dealer
-                if (
-                    dealer is not None
-                    and dealer in ready
-                    and self.feed.on_replayed(await dealer.recv_multipart(), now)
-                ):
-                    self._close_dealer(poller)
+                if dealer is not None and dealer in ready:
+                    # The end marker may leave another replay to ask for (a new engine's history).
+                    start = self.feed.on_replayed(await dealer.recv_multipart(), now)
+                    if start is not None:
+                        self._ask_replay(poller, start, now)
                 replaying = self.feed.tracker.replaying
                 if self._dealer is not None and (now > self._replay_deadline or not replaying):
                     if replaying:
                         log.warning("replica %s: KV-event replay got no end in time", self.feed.name)
-                    self.feed.on_replay_failed()
+                    start = self.feed.on_replay_failed()
                     self._close_dealer(poller)
+                    if start is not None:
+                        self._ask_replay(poller, start, now)
                 if (
                     not ready
                     and self.feed.freshness.stale(now)

@@ -157,6 +157,26 @@ def test_after_a_reconnection_a_replay_that_brings_nothing_starts_over() -> None
     assert replay(t, 0, 1, 2, 3, 4, 5) == [FRESH, *a(0, 1, 2, 3, 4, 5)]
 
 
+def test_after_a_reconnection_a_new_engine_with_a_shorter_history_is_asked_for_it_at_once() -> None:
+    t = tracker()
+    live(t, 0, 1, 2)
+    assert t.reconnected() == [Replay(2)]
+    # Nothing from 2 on: the engine there has published fewer batches than ours (a restart).
+    assert t.replay_ended(True) == [LOST, Replay(0)]
+    assert replay(t, 0, 1) == [FRESH, *a(0, 1)]
+    assert t.in_order and t.expected == 2 and t.restarts == 1 and t.replays == 2
+
+
+def test_after_a_reconnection_a_new_engine_that_published_nothing_waits_for_its_first_batch() -> None:
+    t = tracker()
+    live(t, 0, 1, 2)
+    t.reconnected()
+    assert t.replay_ended(True) == [LOST, Replay(0)]
+    assert replay(t) == []  # nothing published yet
+    assert t.in_order and t.expected == 0
+    assert live(t, 0) == [FRESH, *a(0)]  # its first batch: complete from there
+
+
 def test_a_reconnection_before_any_batch_or_without_a_replay_socket_changes_nothing() -> None:
     assert tracker().reconnected() == []
     t = tracker(can_replay=False)

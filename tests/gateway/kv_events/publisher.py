@@ -78,6 +78,23 @@ class FakePublisher:
         """A new engine process: its replay buffer starts empty (the sockets are the same here)."""
         self.buffer = []
 
+    async def restart_sockets(self, timeout: float = 10.0) -> None:
+        """A new engine process on the same address, sockets and all: the PUB socket closes (its
+        subscribers see the connection drop) and a new one binds the same port, and the replay
+        buffer starts empty. The replay socket stays (its requests are answered from the buffer)."""
+        self.pub.close(linger=0)
+        self.pub = self.ctx.socket(zmq.XPUB)
+        self.pub.setsockopt(zmq.LINGER, 0)
+        self.pub.setsockopt(zmq.XPUB_VERBOSE, 1)
+        async with asyncio.timeout(timeout):
+            while True:  # ZeroMQ's I/O thread lets go of the old listener a moment after close
+                try:
+                    self.pub.bind(self.endpoint)
+                    break
+                except zmq.ZMQError:
+                    await asyncio.sleep(0.01)
+        self.buffer = []
+
     async def _serve_replays(self) -> None:
         while True:
             frames = await self.router.recv_multipart()

@@ -1,5 +1,6 @@
 """The subscriber over real ZeroMQ sockets on 127.0.0.1, fed the frames a real vLLM 0.32 published:
-in order, with a gap its replay fills, a gap it cannot, a restart, garbage, a silent replay socket,
+in order, with a gap its replay fills, a gap it cannot, a restart (also one that published while the
+connection was down), garbage, a silent replay socket,
 a subscriber that joins mid-stream and one that resubscribes when the events go stale."""
 
 from __future__ import annotations
@@ -124,6 +125,27 @@ async def test_a_restarted_engine_starts_a_complete_index_over() -> None:
         await until(settled(feed, 5))
         assert feed.tracker.restarts == 1
         assert feed.index.held_hashes("r") == held_after(STORED)
+        assert feed.exact(time.monotonic())
+
+
+async def test_a_new_engine_that_published_while_the_connection_was_down_is_replayed_whole() -> None:
+    async with FakePublisher() as pub, subscribed(pub) as (feed, sub):
+        for m in ALL:
+            await pub.publish(m.frames)
+        await until(settled(feed, 11))
+        await pub.restart_sockets()
+        # The new engine's first batches, sent before the subscriber is back: only its replay
+        # buffer keeps them (a PUB socket drops what it sends with nobody connected).
+        for m in STORED[:3]:
+            await pub.publish(m.frames, live=False)
+        await pub.wait_subscribed()  # reconnected
+        # Asked for the old engine's last batch (11) to compare; the new one has only 0-2, so the
+        # answer is empty: another engine, whose history is asked for from 0 at once, not at its
+        # next batch (which may be long in coming on a quiet replica).
+        await until(settled(feed, 2))
+        assert pub.replay_requests == [11, 0]
+        assert sub.reconnects == 1 and feed.tracker.restarts == 1
+        assert feed.index.held_hashes("r") == held_after(STORED[:3])
         assert feed.exact(time.monotonic())
 
 
