@@ -29,10 +29,13 @@ async def test_a_repeated_long_prompt_hits_the_prefix_cache() -> None:
     assert value(after_second, hits) - value(after_first, hits) == cached
     queries = "vllm:prefix_cache_queries_total"
     assert value(after_second, queries) - value(after_first, queries) == prompt_tokens
-    ttft = "vllm:time_to_first_token_seconds_sum"
-    ttft_first = value(after_first, ttft)
-    ttft_second = value(after_second, ttft) - ttft_first
-    assert ttft_second < ttft_first / 3  # simulated seconds: no prefill of the cached blocks
+    # The engine's modelled step time (deterministic; a reported TTFT also holds whatever the
+    # simulated clock skipped when a loaded machine scheduled the simulator late): the second
+    # request's step computes no prefill of the cached blocks.
+    busy = "kvgate_sim_busy_wall_seconds_total"
+    busy_first = value(after_first, busy)
+    busy_second = value(after_second, busy) - busy_first
+    assert 0 < busy_second < busy_first / 3
 
 
 async def test_a_full_kv_cache_queues_and_preempts() -> None:
