@@ -334,12 +334,16 @@ class LatencyEstimator:
     def step_seen(self, replica: str, at: float) -> None:
         """A chunk of one of kvgate's streams on `replica` came at `at` (the caller's clock, as `now`):
         a step of that replica ended then, which dates the next one (chunks of one step, one per
-        stream, count once: `ReplicaLatencyModel.step_seen`)."""
+        stream, count once: `ReplicaLatencyModel.step_seen`) and gave each running request of the KV
+        ledger one more token (their ends: `KvLedger.step_seen`)."""
         model = self._models.get(replica)
         if model is not None and model.step_seen(at):
             joiners = self._joiners.get(replica)
             if joiners is not None:
                 joiners.step_began()
+            ledger = self._kv.get(replica)
+            if ledger is not None:
+                ledger.step_seen(at)
 
     def observe_tpot(self, p: Prediction, tpot_s: float) -> bool:
         """Ticket `p`'s request's mean time between output tokens was `tpot_s`. True when calibrated."""

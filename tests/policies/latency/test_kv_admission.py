@@ -114,6 +114,61 @@ def test_removed_and_lost_entries_free_their_blocks() -> None:
     assert ledger.held(1.0 + LOST_AFTER_S + 1.0, 0.01, BS) == ([], []) and len(ledger) == 0
 
 
+def test_a_running_request_ends_its_remaining_tokens_steps_after_the_last_step_seen() -> None:
+    # 10 output tokens; its first token came with the step seen at 1.0, then three slow steps (half a
+    # second each, against a predicted 10 ms per token): 4 tokens generated, 6 left. Dated by time
+    # it would have ended long ago (and held all 10 generated tokens' blocks).
+    ledger = KvLedger(key_tokens=16)
+    ledger.add(1, prompt_tokens=1600, output_tokens=10, first_at=0.9)
+    ledger.step_seen(1.0)
+    ledger.first_token(1, 1.0)
+    for at in (1.5, 2.0, 2.5):
+        ledger.step_seen(at)
+    running, queued = ledger.held(2.51, 0.01, BS)
+    assert queued == [] and len(running) == 1
+    assert running[0].end_at == pytest.approx(2.5 + 6 * 0.01)
+    assert running[0].blocks == -(-(1600 + 4) // BS)
+    # A new request that needs its blocks waits for that end, not for one 10 ms x 10 after 1.0.
+    assert ledger.wait_s(2.51, 0.01, BS, 200, 1600)[0] == pytest.approx(2.56 - 2.51)
+    # Past its output tokens' steps it ends at the last step seen (not before `now`).
+    for at in (3.0, 3.5, 4.0, 4.5, 5.0, 5.5, 6.0):
+        ledger.step_seen(at)
+    running, _ = ledger.held(6.01, 0.01, BS)
+    assert running[0].end_at == 6.01 and running[0].blocks == -(-(1600 + 10) // BS)
+
+
+def test_the_first_tokens_step_counts_once_whether_seen_before_or_after_it() -> None:
+    # The DES reports the step before the first tokens it carried; a live proxy may see the first
+    # token's chunk first. Either way that step produced token 1.
+    seen_first, token_first = KvLedger(key_tokens=16), KvLedger(key_tokens=16)
+    for ledger in (seen_first, token_first):
+        ledger.add(1, prompt_tokens=160, output_tokens=8, first_at=1.0)
+        ledger.step_seen(0.5)
+    seen_first.step_seen(1.0)
+    seen_first.first_token(1, 1.0)
+    token_first.first_token(1, 1.0)
+    token_first.step_seen(1.0)
+    for ledger in (seen_first, token_first):
+        ledger.step_seen(1.2)
+        assert ledger.held(1.21, 0.05, BS)[0][0].end_at == pytest.approx(1.2 + 6 * 0.05)
+
+
+def test_the_estimator_dates_ends_by_the_steps_it_sees() -> None:
+    est = LatencyEstimator(16)
+    first = est.dispatched(est.predict(state(300), 4000, 0.0, 1.0, prompt_tokens=4000, output_tokens=64))
+    est.prefilled(first)
+    est.step_seen("r0", 0.1)
+    est.started(first, 0.1)
+    # The replica full (250 of 300 blocks held): a second 4,000-token prompt waits for the first's
+    # end, 63 steps after its first token's. Slow steps push that end out; the time alone would not.
+    fast = est.predict(state(300), 4000, 0.2, 1.0, prompt_tokens=4000, output_tokens=64)
+    for i in range(1, 11):
+        est.step_seen("r0", 0.1 + 0.5 * i)
+    slow = est.predict(state(300), 4000, 5.2, 1.0, prompt_tokens=4000, output_tokens=64)
+    assert fast.kv_wait_s > 0.0
+    assert slow.kv_wait_s == pytest.approx(5.1 + 53 * slow.tpot_s - 5.2)
+
+
 def state(blocks: int) -> ReplicaState:
     return ReplicaState(name="r0", url="http://r0", pool="m", scraped_at=0.0, block_size=BS,
                         num_gpu_blocks=blocks)  # fmt: skip

@@ -82,16 +82,23 @@ entry = st.tuples(
     prompt=st.integers(1, 6000),
     new_keys=keys,
     prefill=st.sampled_from([0.0, 1e-4, 1e-3]),
+    steps=st.lists(st.floats(0.0, 3.0), max_size=30),
 )
 def test_wait_s_answers_as_the_reference_play(
     entries: list[tuple[int, int, float, list[int], int, float | None]], now: float, tpot: float,
     block_size: int, capacity: int, prompt: int, new_keys: list[int], prefill: float,
+    steps: list[float],
 ) -> None:  # fmt: skip
     ledger = KvLedger(key_tokens=16)
-    for ident, (p, out, first, ks, uncached, seen) in enumerate(entries):
+    for ident, (p, out, first, ks, uncached, _) in enumerate(entries):
         ledger.add(ident, p, out, first, ks, uncached)
-        if seen is not None:
-            ledger.first_token(ident, seen)
+    # First tokens and steps seen in time order (the running requests' tokens counted by steps).
+    seen = [(at, 1, ident) for ident, (*_, at) in enumerate(entries) if at is not None]
+    for at, kind, ident in sorted([*seen, *((at, 0, -1) for at in steps)]):
+        if kind:
+            ledger.first_token(ident, at)
+        else:
+            ledger.step_seen(at)
     before = copy.deepcopy(ledger)
     got = ledger.wait_s(now, tpot, block_size, capacity, prompt, new_keys, prefill)
     want = reference_wait_s(before, now, tpot, block_size, capacity, prompt, new_keys, prefill)
