@@ -302,7 +302,7 @@ class LatencyEstimator:
             ledger.remove(p.ident)
         joiners = self._joiners.get(p.replica)
         if joiners is not None:
-            joiners.seen.pop(p.ident, None)
+            joiners.ended(p.ident)
         if now is not None:
             model = self._models.get(p.replica)
             self._credits.ended(now + (model.tpot.a if model is not None else 0.0))

@@ -114,6 +114,17 @@ class Joiners:
             batch.clear()
         batch.append((uncached, owed if busy else -1, took, newest, ident))
 
+    def ended(self, ident: int) -> None:
+        """Request `ident` ended: it leaves `seen`, and the requests waiting for a step if it is
+        still there (it ended before any step was seen to begin with it: a failed attempt, say),
+        so a later step neither counts it as a joiner nor keeps a `seen` entry nobody will take."""
+        if self.seen.pop(ident, None) is None:
+            batch = self._batch
+            for i in range(len(batch) - 1, -1, -1):
+                if batch[i][4] == ident:
+                    del batch[i]
+                    break
+
     def step_began(self) -> None:
         """A step began: the requests dispatched here since the last one are in it. Each was joined
         by those dispatched after it; of those, the follow-ups it was owed (they took a credit that

@@ -160,3 +160,18 @@ def test_the_ttft_fit_calibrates_with_the_requests_that_joined_the_step() -> Non
     alone.observe_ttft(q, ttft)
     assert alone.model("r", "m").ttft.observations == 1
     assert alone.model("r", "m").ttft.predict(0.5) > fit.predict(0.5)
+
+
+def test_a_request_that_ended_before_its_step_neither_joins_it_nor_stays_behind() -> None:
+    est = LatencyEstimator(16, default_prior=PRIOR)
+    first = send(est, 1.0, 500)
+    failed = send(est, 1.0, 2000)  # dispatched after it, then failed before any step was seen
+    est.prefilled(failed)
+    est.ended(failed, 1.001)
+    est.step_seen("r", 1.005)
+    joiners = est._joiners["r"]
+    assert failed.ident not in joiners.seen  # nobody will take it: it must not be kept
+    assert joiners.seen[first.ident] == 0  # and it did not join the first one's step
+    est.prefilled(first)
+    est.ended(first)
+    assert joiners.seen == {}
