@@ -28,10 +28,9 @@ address: a restarted engine whose first batches were missed, now numbering exact
 stopped, would pass for a continuation. So after a reconnection the tracker asks the replay socket
 for the last batch it applied (`expected - 1`) and compares it with the one it kept (`same`): the
 same batch means the same engine, and only what was missed meanwhile is applied; another batch (or
-none) means another engine, whose picture starts over (with its sequence 0: complete at once). When
-none came back the new engine has published fewer batches than the old one had: its history is
-asked for from 0 at once (what it published while the connection was down would otherwise wait for
-its next batch to reveal the gap).
+none) means another engine, whose picture starts over (with its sequence 0: complete at once): its
+history is asked for from 0 at once (what it published while the connection was down would
+otherwise be lost, or wait for its next batch to reveal the gap), replacing the replay in flight.
 
 Pure logic: no sockets, no clock. Counters are plain ints the caller reads for metrics.
 """
@@ -141,10 +140,13 @@ class SequenceTracker(Generic[T]):
             self.restarts += 1  # another engine on the address (or the batch is gone: cannot tell)
             if seq == 0:
                 return self._apply(0, item)
+            # Its history is at least as long as the old one's: ask for it whole, from 0 (the caller
+            # drops the replay in flight for the new one); the held live batches wait for it.
             self.losses += 1
-            self.expected = seq + 1
-            self._replay_lost = True
-            return [Reset(complete=False), Apply(item)]
+            self.replays += 1
+            self.replay_start = 0
+            self.expected = 0
+            return [Reset(complete=False), Replay(0)]
         if seq < self.expected:
             self.skipped += 1
             return []

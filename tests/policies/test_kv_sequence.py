@@ -133,10 +133,13 @@ def test_after_a_reconnection_another_engine_numbering_on_from_the_same_place_is
     t: SequenceTracker[str] = SequenceTracker(True, same=lambda x, y: x == y)
     live(t, 0, 1)  # the old engine's 0 and 1
     t.reconnected()
-    # A restarted engine whose batch 0 was missed: its 1 would look like a continuation.
-    assert t.replayed(1, "new-b1") == [LOST, Apply("new-b1")]
+    # A restarted engine whose batch 0 was missed: its 1 would look like a continuation. Its
+    # history is asked for whole, in place of the replay in flight.
+    assert t.replayed(1, "new-b1") == [LOST, Replay(0)]
+    assert t.replayed(0, "new-b0") == [FRESH, Apply("new-b0")]
+    assert t.replayed(1, "new-b1") == [Apply("new-b1")]
     assert t.replay_ended(True) == []
-    assert t.restarts == 1 and t.in_order and t.expected == 2
+    assert t.restarts == 1 and t.in_order and t.expected == 2 and t.replays == 2
 
 
 def test_after_a_reconnection_a_new_engine_replayed_from_zero_is_complete_at_once() -> None:
