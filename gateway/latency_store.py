@@ -65,11 +65,15 @@ class LatencyStore:
     ) -> None:
         """The attempt of `ticket` ended, whatever happened: it leaves the pending-prefill ledger if
         it never had a first token, and the KV-block ledger in any case (its blocks are free). `now`
-        (the estimator's clock) dates the end: a closed-loop client's next request may follow."""
+        (the estimator's clock) dates the end of an answer that had a first token: a closed-loop
+        client's next request may follow. An attempt that failed before its first token is retried
+        or refused by kvgate; no client answered, so no follow-up is expected of it."""
         est = self.estimator
         if not had_first_token:
             est.prefilled(ticket)
-        elif tpot_s is not None:
+            est.ended(ticket)
+            return
+        if tpot_s is not None:
             est.observe_tpot(ticket, tpot_s)
         est.ended(ticket, now)
 

@@ -58,6 +58,20 @@ def test_an_end_dated_by_the_proxy_leaves_a_follow_up_expected() -> None:
     assert est.predict(state("r0"), 700, NOW + 1.0, 1.0).owed == 1
 
 
+def test_an_attempt_that_failed_before_its_first_token_expects_no_follow_up() -> None:
+    est = LatencyEstimator(64)
+    store = LatencyStore(est)
+    answered = [store.dispatch(est.predict(state("r0"), 700, NOW, 1.0)) for _ in range(2)]
+    failed = store.dispatch(est.predict(state("r0"), 700, NOW, 1.0))
+    store.ended(failed, False, None, NOW + 1.0)  # refused or broken: kvgate retries, no client answered
+    assert est.predict(state("r0"), 700, NOW + 1.0, 1.0).owed == 0
+    for ticket in answered:
+        store.first_token(ticket, 0.05)
+        store.ended(ticket, True, 0.01, NOW + 1.0)
+    # Two follow-ups expected (the answered ones'), not three: the next request is one of them.
+    assert est.predict(state("r0"), 700, NOW + 1.0, 1.0).owed == 1
+
+
 def test_a_reload_with_new_priors_starts_the_replicas_over() -> None:
     replicas = [{"url": "http://127.0.0.1:9", "model": "m", "name": "r0"}]
     old = parse_config({"replicas": replicas})
