@@ -80,10 +80,12 @@ async def test_503_before_first_byte_fails_over_and_500_passes_through() -> None
 
 async def test_hung_replica_times_out_before_first_byte_and_fails_over() -> None:
     faults = [FaultConfig(hang_after_chunks=0), None]
-    # Non-streaming answers arrive whole, so their first byte is bounded by response_timeout_s.
+    # Non-streaming answers arrive whole, so their first byte is bounded by response_timeout_s. The
+    # bounds leave the healthy replica seconds to answer on a loaded machine (0.3 s did not: its
+    # answer timed out too, a 504); the hung one stays out for the test (eject_backoff_s).
     cfg = {
-        "upstream": {"first_byte_timeout_s": 0.3, "response_timeout_s": 1.0},
-        "fleet": {"eject_after_failures": 1},
+        "upstream": {"first_byte_timeout_s": 2.0, "response_timeout_s": 3.0},
+        "fleet": {"eject_after_failures": 1, "eject_backoff_s": 60.0, "eject_backoff_max_s": 60.0},
     }
     async with stack(replicas=2, faults=faults, config=cfg) as s:
         for i in range(4):
