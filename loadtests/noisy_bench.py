@@ -4,7 +4,7 @@
         [--b-prompt-tokens 1024] [--output-jitter J] [--reserve R] [--no-flow-control]
         [--predicted-admission {on,off}] [--knee-factor F] [--light-knee-factor F] [--light-reserve N]
         [--profile P] [--knee-filter {on,off}] [--no-stream] [--seed S] [--traces]
-        [--out FILE.json]
+        [--out FILE.json] [--logs DIR]
 
 A simulated fleet (`kvgate sim`, `--replicas` (2) x llama-3-8b-h100 with 2,048 KV blocks, time
 scale 5, pinned apart as `kvgate bench` pins it) behind one `kvgate serve` with two tenants, A and B, of equal
@@ -353,7 +353,7 @@ async def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     ]  # fmt: skip
     out: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="kvgate-noisy-") as tmp:
-        logs = Path(tmp)
+        logs = Path(args.logs or tmp)
         with SimFleetProcess(sim_args, args.replicas, layout.sim_cpus, logs / "sim.log") as sim:
             predicted = None if args.predicted_admission is None else args.predicted_admission == "on"
             cfg = gateway_config(
@@ -361,7 +361,11 @@ async def run(args: argparse.Namespace) -> list[dict[str, Any]]:
                 args.profile, args.solo_knee_factor, args.light_knee_factor, args.knee_filter == "on",
                 args.light_reserve,
             )  # fmt: skip
-            async with GatewayProcess(cfg, logs / "gateway.yaml", layout.gateway_cpus, logs / "gw.log") as gw:
+            access = logs / "access.log" if args.logs else None
+            gw_proc = GatewayProcess(
+                cfg, logs / "gateway.yaml", layout.gateway_cpus, logs / "gw.log", access_log=access
+            )
+            async with gw_proc as gw:
                 for k in range(args.repeats):
                     r = await one_repeat(gw.url, sim.urls, args, args.seed + 100 * k)
                     out.append(r)
@@ -423,7 +427,10 @@ def main(argv: list[str] | None = None) -> int:
     )  # fmt: skip
     p.add_argument("--out", help="write the figures as JSON")
     p.add_argument("--no-pin", action="store_true")
+    p.add_argument("--logs", help="keep the gateway's and the simulator's logs (access log included) here")
     args = p.parse_args(argv)
+    if args.logs:
+        Path(args.logs).mkdir(parents=True, exist_ok=True)
     results = asyncio.run(run(args))
     if args.out:
         Path(args.out).write_text(json.dumps({"time_scale": TIME_SCALE, "repeats": results}, indent=1))
