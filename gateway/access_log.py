@@ -3,9 +3,12 @@
 Fields: `ts` (Unix seconds), `request_id`, `path`, `tenant` (null when unauthenticated), `model`
 (as the client sent it), `pool`, `route` and `target` (null until routes resolve them), `replica`
 (the last one tried), `status` (499: the client left or stopped reading), `stream`, `prompt_tokens`,
-`completion_tokens`, `cached_tokens` (the replica's usage; null when it sent none), `ttft_ms` and
-`duration_ms` (from arrival; null when nothing was sent), `retries` (attempts after the first),
-`error` (the last upstream failure's kind, or null). Never a key, a header value or the prompt.
+`completion_tokens`, `cached_tokens` (the replica's usage; null when it sent none), `dispatch_ms`
+(from arrival to the first attempt's start: parsing, tokenizing, limits, flow control's queue and
+routing; null when it never went out), `ttft_ms` and `duration_ms` (from arrival; null when nothing
+was sent), `retries` (attempts after the first), `error` (the last upstream failure's kind, or
+null). `ttft_ms - dispatch_ms` is the replicas' part of the first token's wait. Never a key, a
+header value or the prompt.
 
 Cost: one dict and one orjson encode per request, and the logging call; none when `server.access_log`
 is off. `kvgate serve` sends the logger to stdout (gateway/server.py).
@@ -59,7 +62,7 @@ class AccessLog:
         if not self.enabled or not self._log.isEnabledFor(logging.INFO):
             return
         usage = outcome.usage
-        first = outcome.first_byte_at
+        first, sent = outcome.first_byte_at, outcome.dispatched_at
         line = {
             "ts": round(self._clock(), 3),
             "request_id": request_id.decode("latin-1"),
@@ -75,6 +78,7 @@ class AccessLog:
             "prompt_tokens": usage.prompt_tokens if usage is not None else None,
             "completion_tokens": usage.completion_tokens if usage is not None else None,
             "cached_tokens": usage.cached_tokens if usage is not None else None,
+            "dispatch_ms": round((sent - started) * 1000, 2) if sent is not None else None,
             "ttft_ms": round((first - started) * 1000, 2) if first is not None else None,
             "duration_ms": round((ended - started) * 1000, 2),
             "retries": max(0, outcome.attempts - 1),

@@ -95,6 +95,7 @@ class Outcome:
     replica: str | None = None
     usage: Usage | None = None
     events: int = 0  # SSE events relayed
+    dispatched_at: float | None = None  # perf_counter when the first attempt was sent for
     first_byte_at: float | None = None  # perf_counter when the first byte went to the client
     ended_at: float | None = None
     error_kind: str | None = None  # connect, connect_timeout, timeout, status_5xx, stream_broken, ...
@@ -178,6 +179,8 @@ class Forwarder:
             last = budget == 1 or not remaining
             attempts += 1
             out.attempts = attempts
+            if out.dispatched_at is None:
+                out.dispatched_at = time.perf_counter()
             out.replica = replica.name
             out.error_kind = None
             out.error_detail = ""

@@ -138,18 +138,25 @@ def kvgate_command(cpus: tuple[int, ...] | None, *args: str) -> list[str]:
 
 
 class Child:
-    """One child process; stdout piped (for its ready line) or discarded, stderr to `log_path`."""
+    """One child process; stdout piped (for its ready line), written to `stdout_path`, or discarded;
+    stderr to `log_path`."""
 
-    def __init__(self, cmd: list[str], log_path: Path, *, read_stdout: bool) -> None:
+    def __init__(
+        self, cmd: list[str], log_path: Path, *, read_stdout: bool, stdout_path: Path | None = None
+    ) -> None:
         log_path.parent.mkdir(parents=True, exist_ok=True)
         self.cmd = cmd
         self.log_path = log_path
         self._log: IO[bytes] = log_path.open("ab")
+        self._out: IO[bytes] | None = None
+        out: int | IO[bytes] = subprocess.PIPE if read_stdout else subprocess.DEVNULL
+        if stdout_path is not None and not read_stdout:
+            out = self._out = stdout_path.open("ab")
         preexec: Callable[[], None] | None = _die_with_parent if sys.platform == "linux" else None
         self.proc = subprocess.Popen(
             cmd,
             stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE if read_stdout else subprocess.DEVNULL,
+            stdout=out,
             stderr=self._log,
             start_new_session=True,
             # preexec_fn is unsafe with threads; children are spawned from the main thread.
@@ -183,6 +190,8 @@ class Child:
         if self.proc.stdout is not None:
             self.proc.stdout.close()
         self._log.close()
+        if self._out is not None:
+            self._out.close()
         return self.proc.returncode
 
 
@@ -268,11 +277,12 @@ class GatewayProcess:
     """`kvgate serve --config FILE` as a child, listening on `url`. Use as an async context manager:
     entering waits until `/ready` answers 200 with every replica scraped. With `workers` it runs
     `kvgate serve --workers N` (the config must share its limits through Redis when N > 1), and
-    entering also waits until N sockets listen on the port (every worker serving)."""
+    entering also waits until N sockets listen on the port (every worker serving). `access_log`:
+    a file for its stdout (the access log; discarded without it)."""
 
     def __init__(
         self, config: dict[str, Any], config_path: Path, cpus: tuple[int, ...] | None, log_path: Path,
-        *, workers: int | None = None,
+        *, workers: int | None = None, access_log: Path | None = None,
     ) -> None:  # fmt: skip
         config_path.parent.mkdir(parents=True, exist_ok=True)
         config_path.write_text(yaml.safe_dump(config, sort_keys=False))
@@ -285,6 +295,7 @@ class GatewayProcess:
             self._cmd += ["--workers", str(workers)]
         self._listeners = workers or 1
         self._log_path = log_path
+        self._access_log = access_log
         self._replicas = len(config.get("replicas", ()))
         self.child: Child | None = None
 
@@ -294,7 +305,7 @@ class GatewayProcess:
         return self.child.pid
 
     async def start(self, timeout_s: float = 60.0) -> None:
-        self.child = child = Child(self._cmd, self._log_path, read_stdout=False)
+        self.child = child = Child(self._cmd, self._log_path, read_stdout=False, stdout_path=self._access_log)
         deadline = time.monotonic() + timeout_s
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2.0)) as session:
             while True:

@@ -1,19 +1,19 @@
 """Noisy neighbour, measured: how much a tenant offering ten times its fair share slows another.
 
-    python -m loadtests.noisy_bench [--repeats 2] [--b-requests 40] [--slots 16]
+    python -m loadtests.noisy_bench [--repeats 2] [--b-requests 40] [--slots 16] [--replicas 2]
         [--b-prompt-tokens 1024] [--output-jitter J] [--reserve R] [--no-flow-control]
         [--predicted-admission {on,off}] [--knee-factor F] [--light-knee-factor F] [--light-reserve N]
         [--profile P] [--knee-filter {on,off}] [--no-stream] [--seed S] [--traces]
-        [--out FILE.json]
+        [--out FILE.json] [--logs DIR]
 
-A simulated fleet (`kvgate sim`, 2 x llama-3-8b-h100 with 2,048 KV blocks, time scale 5, pinned
-apart as `kvgate bench` pins it) behind one `kvgate serve` with two tenants, A and B, of equal
+A simulated fleet (`kvgate sim`, `--replicas` (2) x llama-3-8b-h100 with 2,048 KV blocks, time
+scale 5, pinned apart as `kvgate bench` pins it) behind one `kvgate serve` with two tenants, A and B, of equal
 weight and band and no rate limits: what protects B is flow control alone (the saturation detector,
 the fair queue, deadlines and shedding). Random 1,024-token prompts (nothing cached), 64 output
 tokens (`--output-jitter J`: uniform in 64 x [1 - J, 1 + J]). Streamed, or with `--no-stream` one
 JSON answer each: then there is no TTFT to report, and B's end-to-end latency stands in for it.
 
-1. Capacity: A alone, closed loop at the fleet's slots (2 x `--slots`), gives X requests/s.
+1. Capacity: A alone, closed loop at the fleet's slots (replicas x `--slots`), gives X requests/s.
 2. Solo: B alone, open loop at half its fair share (X / 4), `--b-requests` requests.
 3. Contended: the same B load, and A open loop at ten times its fair share (5 X): far beyond the
    fleet, so A's requests queue at the gateway and are refused with Retry-After.
@@ -263,8 +263,8 @@ async def one_repeat(
     slots, b_requests, b_prompt = args.slots, args.b_requests, args.b_prompt_tokens
     oj, st = args.output_jitter, not args.no_stream
     auth = {name: {"authorization": f"Bearer {key}"} for name, key in KEYS.items()}
-    cap_n = 6 * slots
-    cap_cfg = LoadConfig(concurrency=2 * slots, max_requests=cap_n, headers=auth["A"])
+    cap_n = 3 * len(replica_urls) * slots
+    cap_cfg = LoadConfig(concurrency=len(replica_urls) * slots, max_requests=cap_n, headers=auth["A"])
     capacity = await run_load(url, workload(cap_n, seed, output_jitter=oj, stream=st), cap_cfg)
     x = describe(capacity)["ok_per_s"]  # simulated requests/s
     b_rate, a_rate = x / 4, 5 * x
@@ -295,6 +295,7 @@ async def one_repeat(
     ratio = c["ttft_p95_s"] / s["ttft_p95_s"] if s["ttft_p95_s"] and c["ttft_p95_s"] else None
     e2e_ratio = c["e2e_p95_s"] / s["e2e_p95_s"] if s["e2e_p95_s"] and c["e2e_p95_s"] else None
     return {
+        "replicas": len(replica_urls),
         "capacity_rps": x,
         "b_rate_rps": b_rate,
         "a_rate_rps": a_rate,
@@ -347,20 +348,24 @@ async def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     layout = choose_layout(sorted(os.sched_getaffinity(0)), pin=not args.no_pin)
     pin_self(layout.loadgen_cpus)
     sim_args = [
-        "sim", "--replicas", "2", "--port", "0", "--profile", "llama-3-8b-h100", "--time-scale",
-        str(TIME_SCALE), "--kv-blocks", "2048",
+        "sim", "--replicas", str(args.replicas), "--port", "0", "--profile", "llama-3-8b-h100",
+        "--time-scale", str(TIME_SCALE), "--kv-blocks", "2048",
     ]  # fmt: skip
     out: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="kvgate-noisy-") as tmp:
-        logs = Path(tmp)
-        with SimFleetProcess(sim_args, 2, layout.sim_cpus, logs / "sim.log") as sim:
+        logs = Path(args.logs or tmp)
+        with SimFleetProcess(sim_args, args.replicas, layout.sim_cpus, logs / "sim.log") as sim:
             predicted = None if args.predicted_admission is None else args.predicted_admission == "on"
             cfg = gateway_config(
                 sim.urls, args.slots, not args.no_flow_control, args.reserve, predicted, args.knee_factor,
                 args.profile, args.solo_knee_factor, args.light_knee_factor, args.knee_filter == "on",
                 args.light_reserve,
             )  # fmt: skip
-            async with GatewayProcess(cfg, logs / "gateway.yaml", layout.gateway_cpus, logs / "gw.log") as gw:
+            access = logs / "access.log" if args.logs else None
+            gw_proc = GatewayProcess(
+                cfg, logs / "gateway.yaml", layout.gateway_cpus, logs / "gw.log", access_log=access
+            )
+            async with gw_proc as gw:
                 for k in range(args.repeats):
                     r = await one_repeat(gw.url, sim.urls, args, args.seed + 100 * k)
                     out.append(r)
@@ -373,6 +378,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--b-requests", type=int, default=40, help="B's requests per phase")
     p.add_argument("--slots", type=int, default=16, help="in-flight requests per replica before saturation")
+    p.add_argument(
+        "--replicas",
+        type=int,
+        default=2,
+        choices=range(1, 17),
+        metavar="N",
+        help="simulated replicas in the pool (1-16)",
+    )
     p.add_argument("--b-prompt-tokens", type=int, default=1024, help="B's prompt length (A's: 1,024)")
     p.add_argument(
         "--no-flow-control",
@@ -414,7 +427,10 @@ def main(argv: list[str] | None = None) -> int:
     )  # fmt: skip
     p.add_argument("--out", help="write the figures as JSON")
     p.add_argument("--no-pin", action="store_true")
+    p.add_argument("--logs", help="keep the gateway's and the simulator's logs (access log included) here")
     args = p.parse_args(argv)
+    if args.logs:
+        Path(args.logs).mkdir(parents=True, exist_ok=True)
     results = asyncio.run(run(args))
     if args.out:
         Path(args.out).write_text(json.dumps({"time_scale": TIME_SCALE, "repeats": results}, indent=1))

@@ -112,9 +112,10 @@ async def test_one_access_log_line_per_request_without_keys_or_prompts(
     assert one["tenant"] == "acme" and one["model"] == MODEL and one["pool"] == MODEL
     assert one["status"] == 200 and one["stream"] is False and one["replica"] in ("r0", "r1")
     assert one["completion_tokens"] == 5 and one["prompt_tokens"] > 0 and one["retries"] == 0
-    assert 0 < one["ttft_ms"] <= one["duration_ms"]
+    assert 0 < one["dispatch_ms"] <= one["ttft_ms"] <= one["duration_ms"]
     assert two["stream"] is True and two["status"] == 200 and two["completion_tokens"] > 0
     assert three["status"] == 401 and three["tenant"] is None and three["replica"] is None
+    assert three["dispatch_ms"] is None and three["ttft_ms"] is None  # never went out
     text = "\n".join(r.getMessage() for r in caplog.records)
     assert secret_prompt not in text and "sk-test" not in text
 

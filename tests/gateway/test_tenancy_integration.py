@@ -4,11 +4,13 @@ admin API, a TPM limit under 200 concurrent requests, and priority bands under s
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from typing import Any
 
 import httpx
 import orjson
+import pytest
 
 from gateway.tokenizers import SimTokenizer
 from tests.gateway.stack import MODEL, chat, metric_value, wait_for
@@ -224,7 +226,10 @@ async def test_200_concurrent_requests_hold_the_tpm_limit_and_settle_to_the_real
         assert status["used"]["tokens"] == sum(charged)
 
 
-async def test_sheddable_is_refused_at_once_and_critical_goes_first_under_saturation() -> None:
+async def test_sheddable_is_refused_at_once_and_critical_goes_first_under_saturation(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, logger="kvgate.access")
     cfg = {
         "tenants": [tenant("ops", priority="critical", limits={"rpm": 60, "tpm": 1_000_000})],
         "flow_control": {"saturation": {"max_in_flight_per_replica": 1, "max_waiting_per_replica": 4}},
@@ -265,6 +270,22 @@ async def test_sheddable_is_refused_at_once_and_critical_goes_first_under_satura
         assert await metric_value(s.client, "kvgate_admissions_total", {"path": "queued"}) == 3
         waited = await metric_value(s.client, "kvgate_queue_wait_seconds_count", {"outcome": "dispatched"})
         assert waited == 3
+    # The access log's dispatch_ms counts the queue: a held request went out only after the running
+    # one had streamed its answer (its start + dispatch_ms is past the running one's first byte).
+    lines = [orjson.loads(r.getMessage()) for r in caplog.records if r.name == "kvgate.access"]
+    assert len(lines) == 5
+
+    def start(line: dict[str, Any]) -> float:
+        return float(line["ts"]) - line["duration_ms"] / 1000
+
+    long = next(line for line in lines if line["completion_tokens"] == 120)
+    shed = next(line for line in lines if line["status"] == 503)
+    assert shed["dispatch_ms"] is None and shed["replica"] is None
+    held = [line for line in lines if line is not long and line is not shed]
+    long_first_byte = start(long) + long["ttft_ms"] / 1000
+    for line in held:
+        assert 0 < line["dispatch_ms"] <= line["ttft_ms"]
+        assert start(line) + line["dispatch_ms"] / 1000 > long_first_byte
 
 
 async def test_a_client_leaving_the_queue_and_a_request_refused_after_admission_get_everything_back() -> None:

@@ -56,6 +56,15 @@ def test_stop_kills_a_child_that_ignores_sigterm(tmp_path: Path) -> None:
     assert not child.alive() and child.stop() == -signal.SIGKILL  # idempotent
 
 
+def test_stdout_goes_to_its_file_and_stderr_to_the_log(tmp_path: Path) -> None:
+    code = "import sys; print('line one'); print('oops', file=sys.stderr)"
+    out = tmp_path / "access.log"
+    child = Child([sys.executable, "-c", code], tmp_path / "c.log", read_stdout=False, stdout_path=out)
+    child.proc.wait(10)
+    assert child.stop() == 0
+    assert out.read_text() == "line one\n" and (tmp_path / "c.log").read_text() == "oops\n"
+
+
 @pytest.mark.skipif(sys.platform != "linux", reason="parent-death signal is Linux only")
 def test_children_die_with_a_killed_bench(tmp_path: Path) -> None:
     script = (

@@ -16,7 +16,16 @@ predicted TTFT against the same bound, so a cache hit counts for the replica tha
 against it (a bound on the uncached part alone would call a held prefix "over the knee" as soon as
 anything was queued there, and move the conversation).
 
-Soft: when no candidate is within the knee every candidate is kept (the scorers decide as before).
+When no candidate is within the knee (a light tenant's request admitted at `light_knee_factor`, a
+tenant alone at `solo_knee_factor`, a critical request, a hard cap's room), it keeps those within
+the knee of the best one instead: predicted <= `knee_factor` x the least predicted TTFT among the
+candidates. Before, it kept every candidate, and the scorers, which count requests rather than
+the prefill work queued, sent a light tenant's request to the replica with the fewest in flight:
+in a live noisy-neighbour run, three of its requests in a row to a replica already holding two of
+its prefills (~68 ms predicted) instead of the one finishing a flood's prefill (~40 ms), each
+then waiting ~85 ms for a step that prefilled all three (docs/benchmarks.md, "The knee filter
+when no replica is within the knee"). It never keeps nothing.
+
 Both are priced in the decision's one pass over the candidates (`latency_quotes`), which the
 `predicted-latency` scorer then reads instead of pricing them again.
 
@@ -36,8 +45,8 @@ from policies.types import ReplicaState
 
 @dataclass(frozen=True, slots=True)
 class LatencyKneeFilter:
-    """Keeps candidates whose predicted TTFT <= `ctx.knee_factor` x their unloaded TTFT (module
-    docstring); all of them when none qualifies."""
+    """Keeps candidates whose predicted TTFT <= `ctx.knee_factor` x their unloaded TTFT; when none
+    qualifies, those within `ctx.knee_factor` x the least predicted TTFT (module docstring)."""
 
     name: str = "latency-knee"
     soft: ClassVar[bool] = True
@@ -51,6 +60,9 @@ class LatencyKneeFilter:
         for r, (predicted, _, _, _, unloaded) in zip(candidates, quotes, strict=True):
             if predicted <= knee * unloaded:
                 kept.append(r)
-        if not kept or len(kept) == len(candidates):
+        if not kept:
+            bound = knee * min(q[0] for q in quotes)
+            kept = [r for r, q in zip(candidates, quotes, strict=True) if q[0] <= bound]
+        if len(kept) == len(candidates):
             return candidates
         return kept

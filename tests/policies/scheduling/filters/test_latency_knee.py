@@ -39,13 +39,35 @@ def test_keeps_the_replicas_within_the_knee() -> None:
     assert names(LatencyKneeFilter().filter(ctx(est, 3.0), [a, b, c])) == ["a", "b", "c"]
 
 
-def test_keeps_all_when_none_qualifies() -> None:
+def test_when_none_qualifies_it_keeps_those_within_the_knee_of_the_best() -> None:
     est = LatencyEstimator(BLOCK)
-    a, b = replica("a"), replica("b")
-    prefilling(est, a)
-    prefilling(est, b, 2 * PROMPT)
-    candidates = [a, b]
+    a, b, c = replica("a"), replica("b"), replica("c")
+    prefilling(est, a)  # one prefill ahead: ~2x unloaded
+    prefilling(est, b, 2 * PROMPT)  # two: ~3x, past 1.25 x a's
+    prefilling(est, c, PROMPT + 64)  # a little more than a: within 1.25 x a's
+    # b has the fewest requests in flight, so the scorers alone would take it (as they did live).
+    assert names(LatencyKneeFilter().filter(ctx(est, 1.25), [a, b, c])) == ["a", "c"]
+    # All alike: all kept, the scorers decide.
+    d, e = replica("d"), replica("e")
+    prefilling(est, d)
+    prefilling(est, e)
+    candidates = [d, e]
     assert LatencyKneeFilter().filter(ctx(est, 1.25), candidates) is candidates
+
+
+def test_a_light_request_admitted_past_the_knee_goes_where_the_least_prefill_is_queued() -> None:
+    # Live: a flood's prefill under way on r1, two of the light tenant's own queued on r0 (fewer in
+    # flight there). Every built-in profile sends the light tenant's next request to r1.
+    for name in BUILTIN_PROFILE_NAMES:
+        est = LatencyEstimator(BLOCK)
+        r0, r1 = replica("r0", in_flight=2, running=0), replica("r1", in_flight=16, running=15)
+        prefilling(est, r0)
+        prefilling(est, r0)
+        prefilling(est, r1)
+        profile = build_builtin_profile(name)
+        for seed in range(3):
+            d = profile.schedule(ctx(est, 1.25), [r0, r1], random.Random(seed))
+            assert names(d.ranked)[0] == "r1", (name, seed)
 
 
 def test_is_a_no_op_with_the_gate_off_or_without_latency_models() -> None:

@@ -34,13 +34,19 @@ def reference_kept(ctx: SchedulingContext, candidates: Sequence[ReplicaState]) -
     assert est is not None and knee is not None
     prompt = ctx.request.prompt_tokens
     kept = []
+    predicted_of = {}
     for r in candidates:
         uncached = est.uncached_tokens(prompt, ctx.prefix_match.get(r.name, 0))
         fresh = r.is_fresh(ctx.now, ctx.stale_after_s)
-        predicted = reference_cost_s(est.model(r.name, r.pool), r, fresh, uncached, ctx.now, 0.0)
+        predicted = predicted_of[r.name] = reference_cost_s(
+            est.model(r.name, r.pool), r, fresh, uncached, ctx.now, 0.0
+        )
         if predicted <= knee * est.unloaded_ttft_s(r, prompt):
             kept.append(r)
-    return kept or list(candidates)
+    if kept:
+        return kept
+    best = min(predicted_of.values())  # none within the knee: within the knee of the best one
+    return [r for r in candidates if predicted_of[r.name] <= knee * best]
 
 
 def context(prompt_tokens: int, match: dict[str, float], est: LatencyEstimator, knee: float | None,
