@@ -95,7 +95,7 @@ class Outcome:
     replica: str | None = None
     usage: Usage | None = None
     events: int = 0  # SSE events relayed
-    dispatched_at: float | None = None  # perf_counter when the first attempt was sent for
+    dispatched_at: float | None = None  # perf_counter when the first attempt went out
     first_byte_at: float | None = None  # perf_counter when the first byte went to the client
     ended_at: float | None = None
     error_kind: str | None = None  # connect, connect_timeout, timeout, status_5xx, stream_broken, ...
