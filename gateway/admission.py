@@ -30,10 +30,10 @@ unloaded TTFT there or the tightest TTFT SLO (`knee_factor`; `solo_knee_factor` 
 at most one active tenant). Held requests wait in the fair queue (a sheddable one: refused,
 Retry-After from the predicted drain); a first token (`on_prefilled`) is a capacity event; a tenant
 below its fair share while another is above it is held at `light_knee_factor` instead, and the
-heavy one leaves `light_reserve` requests' worth of the gate's room to it: a latency reserve the
-heavy tenant cannot use (sized, in the queue, by the queue's head as the gate's room is), so a light
-tenant's request finds a replica with no flood prefill ahead of it (the `latency-knee` routing
-filter sends it there) instead of waiting behind one.
+heavy one leaves `light_reserve` requests' worth of room at the light knee to it: a latency reserve
+the heavy tenant cannot use (sized, in the queue, by the queue's head as the gate's room is), so a
+light tenant's request finds a replica with at most a light knee's worth of work ahead of it (the
+`latency-knee` routing filter sends it there) instead of waiting behind a whole prefill.
 
 Single event loop; nothing here blocks. Listeners and `enter` never call back into FleetState writers.
 """
@@ -145,7 +145,7 @@ class AdmissionQueue:
                         fits, drain = self._gate.room(p, now, prompt_tokens, slo, light=True)
                     go = fits > 0
                 else:
-                    go = fits > self._gate.kept_for_light(p, now) and not p.queue
+                    go = not p.queue and self._gate.heavy_room(p, now, fits, prompt_tokens, slo) > 0
                 if go:
                     p.share.started(tenant, weight, now)
                     return "direct"
@@ -289,12 +289,11 @@ class AdmissionQueue:
             room -= reserve
             reserve = 0
         fits = 1 << 30  # requests the latency gate lets through (sized by the queue's head)
-        keep = 0  # of those, kept for the light tenants (`light_reserve`)
         light: Callable[[str], bool] | None = None
         if room > 0 and self._gate.on and (first := q.peek()) is not None:
-            fits = self._gate.room(p, now, first.payload.prompt_tokens, first.payload.slo)[0]
-            keep = self._gate.kept_for_light(p, now)
-            if fits <= keep:
+            tokens, slo = first.payload.prompt_tokens, first.payload.slo
+            fits = self._gate.heavy_room(p, now, self._gate.room(p, now, tokens, slo)[0], tokens, slo)
+            if fits <= 0:
                 light = share.outweighed(0, now, q.depth_of)
                 fits = self._gate.light_room(p, now)
         while room > 0:
@@ -317,7 +316,7 @@ class AdmissionQueue:
             share.started(item.tenant, item.weight, now)
             room -= 1
             fits -= 1
-            if fits <= keep and light is None:
+            if fits <= 0 and light is None:
                 if room <= 0:
                     return
                 light = share.outweighed(0, now, q.depth_of)

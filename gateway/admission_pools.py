@@ -177,8 +177,10 @@ class AdmissionPools:
         """The pool's fair-share reserve (see the module doc)."""
         # Never more than half a replica's slots: the reserve is slack, not a partition.
         per = min(self._reserve_per_replica, self.thr.max_in_flight_per_replica // 2)
-        if not per:
-            return 0
+        return per * self.serving(p) if per else 0
+
+    def serving(self, p: Pool) -> int:
+        """The pool's healthy replicas in service."""
         self.sync()
         replicas = self.replicas()
-        return per * sum(1 for i in p.indexes if replicas[i].healthy and replicas[i].in_service)
+        return sum(1 for i in p.indexes if replicas[i].healthy and replicas[i].in_service)

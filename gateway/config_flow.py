@@ -60,4 +60,4 @@ class FlowControlConfig(_Strict):
     knee_factor: float = Field(DEFAULT_KNEE_FACTOR, gt=1, le=100, allow_inf_nan=False)
     solo_knee_factor: float = Field(DEFAULT_SOLO_KNEE_FACTOR, gt=1, le=100, allow_inf_nan=False)
     light_knee_factor: float = Field(DEFAULT_LIGHT_KNEE_FACTOR, gt=1, le=100, allow_inf_nan=False)
-    light_reserve: int = Field(DEFAULT_LIGHT_RESERVE, ge=0, le=1024)  # the gate's room kept for light tenants
+    light_reserve: int = Field(DEFAULT_LIGHT_RESERVE, ge=0, le=1024)  # room at the light knee kept for them

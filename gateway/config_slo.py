@@ -9,9 +9,9 @@
   in the pool (the larger of the two applies then; set it to `knee_factor` for one knee throughout);
   `flow_control.light_knee_factor`: the knee of a tenant below its fair share while another is above
   its own (the larger of it and `knee_factor` applies), a latency reserve the heavy tenant, held at
-  `knee_factor`, cannot use; `flow_control.light_reserve` (>= 0, requests): while such a light tenant
-  is active, the heavy one also leaves this much of the gate's room in the pool (a replica with no
-  prefill of its own ahead) to the light ones; 0 (the default) turns that part off.
+  `knee_factor`, cannot use; `flow_control.light_reserve` (>= 0, requests; 1 by default): while such
+  a light tenant is active, the heavy one also leaves this many requests' room at the light knee to
+  the light ones (at most the pool's replicas less one); 0 turns that part off.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from policies.latency_admission import LatencySlo
 DEFAULT_KNEE_FACTOR = 1.25  # measured: docs/benchmarks.md, "Admission on predicted latency"
 DEFAULT_SOLO_KNEE_FACTOR = 1.5  # the same section: one tenant alone is not held below this
 DEFAULT_LIGHT_KNEE_FACTOR = 1.5  # the same section, "Third round": a light tenant's reserve above the knee
-DEFAULT_LIGHT_RESERVE = 0  # the same: 1 cost the flood 23-24% of its served rate (two replicas); 0 = off
+DEFAULT_LIGHT_RESERVE = 1  # "The light reserve at the light knee": 1.47-1.48x for 6-7% of the flood's rate
 
 
 class SloConfig(BaseModel):

@@ -19,8 +19,12 @@ is held at `light_knee_factor` (if larger than `knee_factor`) instead, while the
 `knee_factor`. The flood then never fills a replica up to where a light tenant's request would be
 held, so the light tenant's request goes at once instead of waiting behind the flood's queue; and
 light tenants together still cannot push a replica past their own knee. The heavy one also leaves
-`light_reserve` requests' worth of the gate's room to them (`kept_for_light`); who goes first within
-that room is the admission queue's (gateway/admission.py).
+`light_reserve` requests' worth of room at the light knee to them (`kept_for_light`, `heavy_room`):
+on two replicas with 1, the flood's prefill starts on one replica only while the other's is at most
+(light knee - 1) x a prefill from its end, so a light tenant's request never waits behind more than
+that. The flood's prefills are staggered instead of stopped: measured at the light knee, keeping the
+room costs the flood far less than at its own (docs/benchmarks.md, "The light reserve at the light
+knee"). Who goes first within that room is the admission queue's (gateway/admission.py).
 """
 
 from __future__ import annotations
@@ -101,12 +105,23 @@ class LatencyGate:
         return room - p.pending, drain
 
     def kept_for_light(self, p: Pool, now: float) -> int:
-        """The gate's room a heavy tenant must leave (`light_reserve`): while some tenant is below its
-        fair share and another above its own, else 0."""
+        """The requests' worth of room at the light tenants' knee a heavy tenant must leave
+        (`light_reserve`, at most the pool's replicas less one, so the heavy tenant is never shut out
+        of the pool): while some tenant is below its fair share and another above its own, else 0."""
         keep = self._cfg.light_reserve
         if keep and p.share.someone_outweighed(0, now, p.queue.depth_of):
-            return keep
+            return max(0, min(keep, self._pools.serving(p) - 1))
         return 0
+
+    def heavy_room(self, p: Pool, now: float, fits: int, prompt_tokens: int, slo: LatencySlo) -> int:
+        """`fits` (`room` for a request like this one) less what a heavy tenant must leave to the light
+        ones: while `kept_for_light` is k > 0, only as many as keep k requests' room at the light
+        knee. Each request the heavy tenant sends takes exactly one of that room: the replica it goes
+        to is within its knee, so within the light one, and one more prefill there fills one place."""
+        keep = self.kept_for_light(p, now) if fits > 0 else 0
+        if not keep:
+            return fits
+        return min(fits, self.room(p, now, prompt_tokens, slo, light=True)[0] - keep)
 
     def light_room(self, p: Pool, now: float) -> int:
         """`room` at the light tenants' knee, sized by the pool's queue's head (0 when empty)."""

@@ -30,13 +30,13 @@ PROMPT = 1000  # tokens: 25.5 ms unloaded on the prior, ~54 ms with one more lik
 class Harness:
     """One replica "a"; requests dispatch as the proxy does: enter, then the ticket and the ledger."""
 
-    def __init__(self, **flow: Any) -> None:
+    def __init__(self, replicas: tuple[str, ...] = ("a",), **flow: Any) -> None:
         self.clock = FakeClock()
         flow.setdefault("saturation", {"max_in_flight_per_replica": 8, "max_waiting_per_replica": 8})
         flow.setdefault("predicted_admission", True)
         flow.setdefault("fair_share", {"reserve_per_replica": 0})
         self.fleet = FleetState(
-            [ReplicaConfig(url="http://a:1", model=POOL, name="a")],
+            [ReplicaConfig(url=f"http://{name}:1", model=POOL, name=name) for name in replicas],
             FleetConfig(stale_after_s=1.0),
             self.clock,
         )
@@ -46,9 +46,10 @@ class Harness:
             FlowControlConfig.model_validate(flow), 1.0, self.fleet, self.metrics, self.clock, self.est
         )
         self.fleet.add_listener(self.adm.on_fleet_change)
-        self.fleet.record_scrape("a", ReplicaMetrics(running=0, waiting=0, kv_usage=0.1))
+        for name in replicas:
+            self.fleet.record_scrape(name, ReplicaMetrics(running=0, waiting=0, kv_usage=0.1))
         self.started: list[str] = []
-        self.tickets: list[tuple[str, Prediction]] = []
+        self.tickets: list[tuple[str, str, str, Prediction]] = []  # label, tenant, replica, ticket
 
     async def request(
         self,
@@ -57,27 +58,30 @@ class Harness:
         band: Band = Band.STANDARD,
         prompt: int = PROMPT,
         slo: LatencySlo | None = None,
+        on: str = "a",
     ) -> str:
+        """Enter, then dispatch to replica `on` (the test plays the router)."""
         path = await self.adm.enter(POOL, tenant, 1.0, band, prompt + 64, prompt, slo or LatencySlo())
-        state = self.fleet.snapshot().by_name("a")
+        state = self.fleet.snapshot().by_name(on)
         assert state is not None
         ticket = self.est.predict(state, prompt, self.clock(), 1.0)
         self.est.dispatched(ticket)
-        self.fleet.dispatched("a", prompt + 64)
+        self.fleet.dispatched(on, prompt + 64)
         self.started.append(label)
-        self.tickets.append((tenant, ticket))
+        self.tickets.append((label, tenant, on, ticket))
         return path
 
     def finish_oldest(self) -> None:
         """The oldest request got its first token and ended (its slot and tenant's share back)."""
-        tenant, ticket = self.tickets.pop(0)
+        _, tenant, on, ticket = self.tickets.pop(0)
         self.est.prefilled(ticket)
-        self.fleet.finished("a", ticket.uncached_tokens + 64)
+        self.fleet.finished(on, ticket.uncached_tokens + 64)
         self.adm.leave(POOL, tenant)
 
-    def first_token(self) -> None:
-        """The oldest request still prefilling got its first token."""
-        _, ticket = self.tickets.pop(0)
+    def first_token(self, label: str | None = None) -> None:
+        """The request `label` (default: the oldest still prefilling) got its first token."""
+        i = 0 if label is None else next(i for i, t in enumerate(self.tickets) if t[0] == label)
+        ticket = self.tickets.pop(i)[3]
         self.est.prefilled(ticket)
         self.adm.on_prefilled(POOL)
 
@@ -202,26 +206,59 @@ async def test_a_light_tenant_is_held_past_its_own_knee() -> None:
     held.cancel()
 
 
-async def test_with_kept_room_the_light_tenant_goes_before_the_heavy_ones_queue() -> None:
-    h = Harness(light_reserve=1)
-    held = await _flood(h)
-    b = asyncio.ensure_future(h.request("B0", tenant="B"))
+async def _heavy_beside_light(h: Harness) -> None:
+    """Two replicas. A has two 1,000-token requests decoding on b; u, light beside it, a 200-token
+    prompt prefilling on a: there the next 1,000-token prompt is predicted at ~1.34 x unloaded,
+    within light_knee_factor 1.5 but past knee_factor 1.25; b is within both."""
+    for label in ("A0", "A1"):
+        assert await h.request(label, tenant="A", on="b") == "direct"
+        h.first_token(label)
+    assert await h.request("u0", tenant="u", prompt=200, on="a") == "direct"
+
+
+async def test_the_heavy_tenant_starts_a_prefill_while_another_replica_stays_within_the_light_knee() -> None:
+    h = Harness(replicas=("a", "b"), light_reserve=1)
+    await _heavy_beside_light(h)
+    # A may take b: a stays within the light knee, the one request's room kept for u there.
+    assert await h.request("A2", tenant="A", on="b") == "direct"
+    held = asyncio.ensure_future(h.request("A3", tenant="A", on="b"))
     await settle_loop()
-    assert b.done()
-    c = asyncio.ensure_future(h.request("C0", tenant="C"))
+    assert h.started == ["A0", "A1", "u0", "A2"] and not held.done()
+    # A2's prefill ends: b is free again, a still within the light knee. A3 is released to b.
+    h.first_token("A2")
     await settle_loop()
-    # The prefills ahead end (A0's, B0's): C0 goes before A1, which came first: the one request's
-    # room there is kept for the light tenants, B and C, which have requests in flight or queued.
-    for _ in range(2):
-        h.first_token()
+    assert h.started[-1] == "A3" and held.result() == "queued"
+    # u's next request goes at once (through the queue A's next waits in), to a, ahead of A4.
+    a4 = asyncio.ensure_future(h.request("A4", tenant="A"))
+    await settle_loop()
+    u1 = asyncio.ensure_future(h.request("u1", tenant="u", on="a"))
+    await settle_loop()
+    assert h.started[-1] == "u1" and u1.done() and not a4.done()
+    a4.cancel()
+
+
+async def test_the_kept_room_is_measured_at_the_light_knee_and_holds_the_heavy_tenant_without_it() -> None:
+    # The same, with u's prompt a whole one: a is past the light knee too, so b's room, the pool's
+    # last at the light knee, is kept for u and A waits; without light_reserve, A takes it.
+    for keep, a2 in ((1, False), (0, True)):
+        h = Harness(replicas=("a", "b"), light_reserve=keep)
+        for label in ("A0", "A1"):
+            assert await h.request(label, tenant="A", on="b") == "direct"
+            h.first_token(label)
+        assert await h.request("u0", tenant="u", on="a") == "direct"
+        task = asyncio.ensure_future(h.request("A2", tenant="A", on="b"))
         await settle_loop()
-    assert h.started == ["u0", "A0", "B0", "C0"] and c.result() == "queued" and not held.done()
-    held.cancel()
+        assert task.done() is a2, keep
+        if not a2:
+            # u0's prefill ends: a and b both within the light knee again, and A2 goes.
+            h.first_token("u0")
+            await settle_loop()
+            assert task.result() == "queued"
 
 
-async def test_a_heavy_tenant_leaves_the_kept_room_only_while_a_light_one_uses_the_pool() -> None:
-    # u has a request decoding, A two: A is above its share, u below. Nothing is prefilling, so the
-    # replica has room for one more request under the knee: with light_reserve 1 it is kept for u.
+async def test_on_one_replica_no_room_is_kept_and_only_while_a_light_tenant_uses_the_pool() -> None:
+    # One replica: keeping its room would shut the heavy tenant out while the light one has anything
+    # in flight, so light_reserve is capped at the pool's replicas less one (0 here).
     h = Harness(light_reserve=1)
     assert await h.request("u0", tenant="u") == "direct"
     h.first_token()
@@ -229,20 +266,17 @@ async def test_a_heavy_tenant_leaves_the_kept_room_only_while_a_light_one_uses_t
     h.first_token()
     assert await h.request("A1", tenant="A") == "direct"
     h.first_token()
-    a2 = asyncio.ensure_future(h.request("A2", tenant="A"))
-    await settle_loop()
-    assert h.started == ["u0", "A0", "A1"] and not a2.done()
-    u1 = asyncio.ensure_future(h.request("u1", tenant="u"))
-    await settle_loop()
-    assert h.started == ["u0", "A0", "A1", "u1"] and u1.done()
-    a2.cancel()
-    # u active only by the window (its request ended, nothing queued): no room is kept for it.
-    w = Harness(light_reserve=1)
-    assert await w.request("u0", tenant="u") == "direct"
+    assert await h.request("A2", tenant="A") == "direct"
+    # Two replicas, u active only by the window (its request ended, nothing queued): no room is
+    # kept for it, and A takes both replicas' room.
+    w = Harness(replicas=("a", "b"), light_reserve=1)
+    assert await w.request("u0", tenant="u", on="a") == "direct"
     w.finish_oldest()
-    assert await w.request("A0", tenant="A") == "direct"
-    w.first_token()
-    assert await w.request("A1", tenant="A") == "direct"
+    for label, on in (("A0", "a"), ("A1", "b")):
+        assert await w.request(label, tenant="A", on=on) == "direct"
+        w.first_token()
+    assert await w.request("A2", tenant="A", on="a") == "direct"
+    assert await w.request("A3", tenant="A", on="b") == "direct"
 
 
 async def test_a_tenant_alone_is_held_to_the_solo_knee_and_two_tenants_to_the_knee() -> None:

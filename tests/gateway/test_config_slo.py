@@ -27,7 +27,7 @@ def test_defaults() -> None:
     assert fc.knee_factor == DEFAULT_KNEE_FACTOR
     assert fc.solo_knee_factor == DEFAULT_SOLO_KNEE_FACTOR
     assert fc.light_knee_factor == DEFAULT_LIGHT_KNEE_FACTOR == 1.5
-    assert fc.light_reserve == 0  # off: it cost the flood 23-24% (docs/benchmarks.md, "Third round")
+    assert fc.light_reserve == 1  # docs/benchmarks.md, "The light reserve at the light knee"
     assert fc.predicted_admission  # on by default (docs/benchmarks.md, "Admission on predicted latency")
     assert fc.bands["standard"].ttft_slo_s is None and fc.bands["standard"].tpot_slo_s is None
 
