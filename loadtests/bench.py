@@ -332,8 +332,10 @@ class _Bench:
             policy, fleet.urls, p.fleet.model_name, preset=p, workload=workload, port=free_port()
         )
         slug = f"{plan.name}-{policy}"
+        logs = self.out_dir / "logs"
         gateway = GatewayProcess(config, self.out_dir / "configs" / f"{slug}.yaml", self.layout.gateway_cpus,
-                                 self.out_dir / "logs" / f"gateway-{slug}.log")  # fmt: skip
+                                 logs / f"gateway-{slug}.log",
+                                 access_log=logs / f"access-{slug}.log")  # fmt: skip
         async with gateway:
             self.meta["children"]["gateways"][slug] = gateway.pid
             self.write(final=False)

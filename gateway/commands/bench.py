@@ -131,6 +131,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--solo-knee-factor", type=float, default=None, help="the gateway's flow_control.solo_knee_factor"
     )
+    p.add_argument(
+        "--light-knee-factor", type=float, default=None, help="the gateway's flow_control.light_knee_factor"
+    )
+    p.add_argument("--light-reserve", type=int, default=None, help="the gateway's flow_control.light_reserve")
     p.add_argument("--no-pin", action="store_true", help="do not pin processes to CPUs")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--des", action="store_true",
@@ -216,6 +220,10 @@ def resolve(args: argparse.Namespace) -> tuple[Any, Any]:
         flow["knee_factor"] = args.knee_factor
     if args.solo_knee_factor is not None:
         flow["solo_knee_factor"] = args.solo_knee_factor
+    if args.light_knee_factor is not None:
+        flow["light_knee_factor"] = args.light_knee_factor
+    if args.light_reserve is not None:
+        flow["light_reserve"] = args.light_reserve
     if flow:
         changes["flow_control"] = flow
     profiles = dict(preset.profiles)

@@ -308,6 +308,10 @@ def test_tiny_bench_writes_results_summary_and_plots_and_leaves_no_children(tmp_
     plots = sorted(p.name for p in out.glob("*.png"))
     assert plots == ["random-closed-goodput.png", "random-closed-tpot_p90.png", "random-closed-ttft_p90.png"]
     assert all((out / p).stat().st_size > 1000 for p in plots)
+    # Each gateway's access log is kept beside its log: one line per request (warm-up included).
+    for policy in ("round-robin", "default"):
+        lines = (out / "logs" / f"access-random-{policy}.log").read_text().splitlines()
+        assert sum('"status": 200' in line or '"status":200' in line for line in lines) >= 8, lines[:3]
     _children_gone(meta)
 
 
@@ -363,3 +367,13 @@ def test_the_latency_gate_flags_reach_the_gateway_config_with_the_profiles_prior
     assert plain.flow_control.predicted_admission  # kvgate's default
     plain_prior = plain.models[0].latency_prior
     assert plain_prior is not None and plain_prior.profile == untouched.fleet.profile
+
+
+def test_the_light_tenant_flags_reach_the_gateway_config() -> None:
+    preset, _ = resolve(_args("--out", "x", "--light-knee-factor", "2", "--light-reserve", "0"))
+    assert preset.flow_control == {"light_knee_factor": 2.0, "light_reserve": 0}
+    workload = build_workload(preset.workloads[1], preset.fleet, requests=4, seed=0)
+    config = parse_config(gateway_config(
+        "default", ["http://127.0.0.1:9001"], "llama-3-8b", preset=preset, workload=workload, port=1
+    ))
+    assert config.flow_control.light_knee_factor == 2.0 and config.flow_control.light_reserve == 0
