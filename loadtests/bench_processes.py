@@ -138,19 +138,21 @@ def kvgate_command(cpus: tuple[int, ...] | None, *args: str) -> list[str]:
 
 
 class Child:
-    """One child process; stdout piped (for its ready line), written to `stdout_path`, or discarded;
-    stderr to `log_path`."""
+    """One child process; stdout piped (`read_stdout`, for its ready line), written to `stdout_path`,
+    or discarded (one of the three); stderr to `log_path`."""
 
     def __init__(
         self, cmd: list[str], log_path: Path, *, read_stdout: bool, stdout_path: Path | None = None
     ) -> None:
+        if read_stdout and stdout_path is not None:
+            raise ValueError("stdout is either piped (read_stdout) or written to stdout_path, not both")
         log_path.parent.mkdir(parents=True, exist_ok=True)
         self.cmd = cmd
         self.log_path = log_path
         self._log: IO[bytes] = log_path.open("ab")
         self._out: IO[bytes] | None = None
         out: int | IO[bytes] = subprocess.PIPE if read_stdout else subprocess.DEVNULL
-        if stdout_path is not None and not read_stdout:
+        if stdout_path is not None:
             out = self._out = stdout_path.open("ab")
         preexec: Callable[[], None] | None = _die_with_parent if sys.platform == "linux" else None
         self.proc = subprocess.Popen(

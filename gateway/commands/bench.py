@@ -171,18 +171,31 @@ def run(args: argparse.Namespace) -> int:
             preset, plans, args.out, command=command, pin=not args.no_pin, progress=not args.no_progress
         )
     except KeyboardInterrupt:
-        print(f"kvgate bench: interrupted; partial results in {args.out / 'results.json'}", file=sys.stderr)
+        print(f"kvgate bench: interrupted; {_left_behind(args.out)}", file=sys.stderr)
         return 130
     except BaseException as exc:  # CancelledError from SIGTERM included
         if type(exc).__name__ == "CancelledError":
-            print(
-                f"kvgate bench: terminated; partial results in {args.out / 'results.json'}", file=sys.stderr
-            )
+            print(f"kvgate bench: terminated; {_left_behind(args.out)}", file=sys.stderr)
             return 143
         raise
     print(f"kvgate bench: {outcome.records} runs -> {outcome.results}, {outcome.summary}, "
           f"{len(outcome.plots)} plots")  # fmt: skip
     return 0
+
+
+def _left_behind(out: Path) -> str:
+    """What an interrupted run left in `out`: partial results, or (stopped while the summary and
+    plots were being written) complete ones without them."""
+    results = out / "results.json"
+    try:
+        import orjson
+
+        complete = orjson.loads(results.read_bytes())["meta"]["complete"] is True
+    except (OSError, ValueError, KeyError, TypeError):
+        complete = False
+    if complete:
+        return f"the results in {results} are complete; the summary and plots may be missing"
+    return f"partial results in {results}"
 
 
 def resolve(args: argparse.Namespace) -> tuple[Any, Any]:

@@ -151,8 +151,9 @@ async def test_sigterm_drains_and_exits_as_soon_as_nothing_is_in_flight(tmp_path
             code = await proc.wait(timeout=20)
             exited = time.monotonic()
         assert code == 0, proc.output()
-        # Exited as soon as nothing was in flight: not after the 30 s drain timeout.
-        assert exited - last < 3.0, proc.output()
+        # Exited as soon as nothing was in flight: not after the 30 s drain timeout (the bound leaves
+        # room for a loaded machine while telling the two apart).
+        assert exited - last < 10.0, proc.output()
         assert "drain: done" in proc.output() and "Traceback" not in proc.output()
 
 
@@ -201,8 +202,8 @@ async def test_a_second_sigterm_exits_at_once(tmp_path: Path) -> None:
             await wait_for_status(c, "/ready", 503)
             t = time.monotonic()
             proc.signal(signal.SIGTERM)
-            code = await proc.wait(timeout=10)
-            assert time.monotonic() - t < 5.0
+            code = await proc.wait(timeout=20)
+            assert time.monotonic() - t < 15.0  # not after the 30 s propagation window
             data = await stuck.result()  # ended as at the drain timeout, not cut off mid-event
             assert data[-1] == "[DONE]" and "exiting at once" in orjson.loads(data[-2])["error"]["message"]
         assert code == 128 + signal.SIGTERM, proc.output()

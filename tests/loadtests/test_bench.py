@@ -20,7 +20,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.cli import build_parser
-from gateway.commands.bench import resolve
+from gateway.commands.bench import _left_behind, resolve
 from gateway.config import parse_config
 from loadtests.bench import gateway_config, to_model_time
 from loadtests.measures import LoadgenUsage, RequestTrace
@@ -377,3 +377,21 @@ def test_the_light_tenant_flags_reach_the_gateway_config() -> None:
         "default", ["http://127.0.0.1:9001"], "llama-3-8b", preset=preset, workload=workload, port=1
     ))
     assert config.flow_control.light_knee_factor == 2.0 and config.flow_control.light_reserve == 0
+
+
+@pytest.mark.parametrize(
+    ("content", "says"),
+    [
+        (None, "partial results"),
+        (b"{not json", "partial results"),
+        (orjson.dumps({"meta": {"complete": False}, "runs": []}), "partial results"),
+        (orjson.dumps({"meta": {"complete": True}, "runs": []}), "are complete; the summary and plots"),
+    ],
+)
+def test_an_interrupt_says_whether_the_results_were_already_complete(
+    tmp_path: Path, content: bytes | None, says: str
+) -> None:
+    # Ctrl-C while the summary's plots are drawn comes after results.json was written complete.
+    if content is not None:
+        (tmp_path / "results.json").write_bytes(content)
+    assert says in _left_behind(tmp_path)

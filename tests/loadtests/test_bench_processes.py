@@ -65,6 +65,14 @@ def test_stdout_goes_to_its_file_and_stderr_to_the_log(tmp_path: Path) -> None:
     assert out.read_text() == "line one\n" and (tmp_path / "c.log").read_text() == "oops\n"
 
 
+def test_stdout_is_piped_or_written_not_both(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="not both"):
+        Child(
+            [sys.executable, "-c", "pass"], tmp_path / "c.log", read_stdout=True, stdout_path=tmp_path / "o"
+        )
+    assert not (tmp_path / "o").exists()  # refused before anything was opened or started
+
+
 @pytest.mark.skipif(sys.platform != "linux", reason="parent-death signal is Linux only")
 def test_children_die_with_a_killed_bench(tmp_path: Path) -> None:
     script = (
