@@ -1,8 +1,9 @@
 """`kvgate bench --out DIR [--preset quick|full|NAME] [overrides...]`: routing policies side by side.
 
 Starts a simulated fleet (`kvgate sim`), then for each policy a fresh `kvgate serve` over it, resets the
-fleet's prefix caches between policies, sweeps the load, and writes DIR/results.json, DIR/summary.md and
-PNG plots (see `loadtests.bench`). Flags override the preset's fields; times are simulated seconds.
+fleet's prefix caches between policies, sweeps the load, and writes DIR/results.json, DIR/summary.md,
+PNG plots (see `loadtests.bench`) and DIR/logs/ (each gateway's log and access log, the simulator's log).
+Flags override the preset's fields; times are simulated seconds.
 Importing this module is cheap: the load generator and the report load in `run`.
 """
 
