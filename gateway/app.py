@@ -112,6 +112,12 @@ class KvgateApp:
         async def _invalid(_: Request, exc: RequestValidationError) -> Response:
             return Response(error_body(400, str(exc.errors())), 400, media_type="application/json")
 
+        @api.exception_handler(Exception)
+        async def _bug(_: Request, exc: Exception) -> Response:
+            # A bug behind an admin or info route: the client gets OpenAI's shape, as on the proxy's
+            # path; Starlette re-raises the exception after this, so the server logs its traceback.
+            return Response(error_body(500, "internal error in kvgate"), 500, media_type="application/json")
+
         @api.get("/health")
         async def health() -> dict[str, str]:
             return {"status": "ok"}

@@ -222,3 +222,18 @@ async def test_only_admins_may_write() -> None:
                 await c.request(method, path, json={"name": "x"}, headers=auth("acme")), 403
             )  # a tenant key
         assert await ask(c, "sk-ci") == 200
+
+
+async def test_a_bug_behind_an_admin_route_is_an_openai_shaped_500_and_the_gateway_goes_on(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    async def broken(*_: Any) -> Any:
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr("gateway.admin.admin_changes.patch_tenant", broken)
+    async with tenancy_stack(CFG) as s:
+        r = await s.client.patch("/admin/tenants/acme", json={"limits": {"rpm": 5}}, headers=OPS)
+        err = error(r, 500)
+        assert err["message"] == "internal error in kvgate" and "a bug" not in err["message"]
+        assert (await s.client.get("/admin/tenants/acme", headers=OPS)).status_code == 200
+        assert await ask(s.client, "sk-ci") == 200
