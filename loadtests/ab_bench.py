@@ -49,7 +49,8 @@ import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
 from loadtests.bench_fleet import reset_prefix_caches
-from loadtests.bench_processes import GatewayProcess, SimFleetProcess, choose_layout, free_port, pin_self
+from loadtests.bench_processes import GatewayProcess, SimFleetProcess, choose_layout, pin_self
+from loadtests.ports import free_port
 from loadtests.runner import LoadConfig, RunResult, run_load
 from loadtests.workloads import MultiTurnWorkload
 from loadtests.workloads.spec import RequestSpec, chat_body_from_messages

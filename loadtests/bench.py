@@ -55,12 +55,12 @@ from loadtests.bench_processes import (
     SimFleetProcess,
     choose_layout,
     cpu_seconds,
-    free_port,
     pin_self,
     rss_bytes,
 )
 from loadtests.bench_summary import write_summary
 from loadtests.measures import RequestTrace, fleet_delta
+from loadtests.ports import free_port
 from loadtests.presets import DIRECT, BenchPreset
 from loadtests.results import make_meta, validate_record, write_results
 from loadtests.runner import LoadConfig, RunResult, run_load, scrape_counters

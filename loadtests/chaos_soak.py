@@ -38,9 +38,10 @@ import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.auth_keys import hash_key
-from loadtests.bench_processes import GatewayProcess, SimFleetProcess, cpu_seconds, free_port, rss_bytes
+from loadtests.bench_processes import GatewayProcess, SimFleetProcess, cpu_seconds, rss_bytes
 from loadtests.chaos_client import FAILURE_KINDS, Bounds, Outcome, plan_request, send
 from loadtests.chaos_schedule import SIM_FAULTS, FaultWindow, build_schedule
+from loadtests.ports import free_port
 from loadtests.redis_process import RedisServer
 from loadtests.workloads.text import WordText
 

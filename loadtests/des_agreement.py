@@ -47,6 +47,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from loadtests.des import DesConfig, FleetSpec, run_des
 from loadtests.measures import LatencyStats, Measures, RequestTrace, fleet_delta, summarize
+from loadtests.ports import free_port
 from loadtests.runner import LoadConfig, run_load, scrape_counters
 from loadtests.workload_factory import WorkloadPlan, build_workload
 from loadtests.workloads import SharedPrefixWorkload, Workload
@@ -244,7 +245,7 @@ async def live_side(case: Case, policy: str, specs: Sequence[RequestSpec], workd
     gateway: _Child | None = None
     try:
         urls = await _read_urls(sim, case.replicas)
-        port = _free_port()
+        port = free_port()
         config = case.gateway_config(policy)
         config["server"]["port"] = port
         config["replicas"] = [
@@ -277,15 +278,6 @@ async def live_side(case: Case, policy: str, specs: Sequence[RequestSpec], workd
         if gateway is not None:
             gateway.stop()
         sim.stop()
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 # --- comparison -----------------------------------------------------------------------------------

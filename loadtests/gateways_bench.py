@@ -64,12 +64,12 @@ from loadtests.bench_processes import (
     SimFleetProcess,
     choose_layout,
     cpu_seconds,
-    free_port,
     pin_self,
     tree_cpu_seconds,
 )
 from loadtests.gateways_report import group_placement, index_modes, write_summary
 from loadtests.measures import fleet_delta
+from loadtests.ports import free_port
 from loadtests.presets import BenchPreset, FleetPlan
 from loadtests.redis_process import RedisServer
 from loadtests.results import validate_record

@@ -55,8 +55,9 @@ import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.auth_keys import hash_key
-from loadtests.bench_processes import GatewayProcess, SimFleetProcess, choose_layout, free_port, pin_self
+from loadtests.bench_processes import GatewayProcess, SimFleetProcess, choose_layout, pin_self
 from loadtests.measures import RequestTrace, percentile
+from loadtests.ports import free_port
 from loadtests.runner import LoadConfig, RunResult, run_load
 from loadtests.workloads import RandomWorkload
 from policies.scheduling.builtin_profiles import builtin_profile_spec

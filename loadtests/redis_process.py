@@ -21,7 +21,7 @@ import subprocess
 import tempfile
 import time
 
-from loadtests.bench_processes import free_port
+from loadtests.ports import free_port
 
 START_TIMEOUT_S = 10.0
 

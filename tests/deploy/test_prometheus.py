@@ -18,7 +18,6 @@ import concurrent.futures
 import hashlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -30,6 +29,8 @@ from typing import IO, Any
 import httpx
 import pytest
 import yaml
+
+from loadtests.ports import free_port
 
 from .monitoring import (
     ALERT_TESTS,
@@ -50,12 +51,6 @@ JOB = "kvgate"
 # Real label values of the traffic below, for the "returns data" check; ".*" for the parse check.
 REAL = {"job": JOB, "model": MODEL, "tenant": TENANT, "band": "standard"}
 ANY = dict.fromkeys(REAL, ".*")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def wait_until(what: str, check: Any, timeout: float, interval: float = 0.1) -> Any:

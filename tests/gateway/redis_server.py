@@ -15,7 +15,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from loadtests.redis_process import RedisServer, free_port
+from loadtests.ports import free_port
+from loadtests.redis_process import RedisServer
 
 
 @pytest.fixture

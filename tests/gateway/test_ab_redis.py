@@ -96,7 +96,7 @@ async def test_a_weight_change_on_one_gateway_reaches_the_other_and_both_agree_o
         r = await b.delete("/admin/routes/chat", headers=ADMIN)
         assert r.status_code == 200
         await until(a, "/admin/routes/chat", lambda d: d["override"] is None)
-        assert gws.alive()
+        assert gws.alive(), gws.why()
 
 
 async def test_two_gateways_load_an_adapter_once(

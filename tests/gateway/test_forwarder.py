@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import socket
 from collections.abc import AsyncIterator, MutableMapping, Sequence
 from typing import Any
 
@@ -19,6 +18,7 @@ from gateway.forwarder import Dispatch, Forwarder, Outcome, Timeouts
 from gateway.metrics import GatewayMetrics
 from gateway.sse_filter import Usage
 from gateway.upstream import UpstreamPool
+from loadtests.ports import free_port
 from policies.types import ReplicaState
 from tests.gateway.scripted_replica import (
     LAST_CHUNK,
@@ -136,9 +136,7 @@ async def forwarder(**timeouts: float) -> AsyncIterator[Harness]:
 
 
 def closed_port() -> str:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return f"http://127.0.0.1:{s.getsockname()[1]}"
+    return f"http://127.0.0.1:{free_port()}"  # nothing listens there
 
 
 def answers(reply: bytes) -> Handler:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import socket
 import sys
 import types
 from collections.abc import AsyncIterator, Mapping
@@ -20,6 +19,7 @@ from gateway import proxy, tenant_status
 from gateway.config import parse_config
 from gateway.gateway import Gateway
 from gateway.server import GatewayServer
+from loadtests.ports import free_port
 from tests.gateway.raw_http import RawConnection, post_head
 from tests.gateway.stack import MODEL, chat, merge, metric_value, wait_for
 from tests.gateway.tenancy_stack import auth, tenancy_stack, tenant
@@ -27,9 +27,7 @@ from tests.gateway.tenancy_stack import auth, tenancy_stack, tenant
 
 def closed_port() -> int:
     """A loopback port nothing listens on: a replica there is never scraped, so never routable."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    return free_port()
 
 
 @contextlib.asynccontextmanager

@@ -116,7 +116,7 @@ async def test_two_gateways_share_a_day_quota_under_concurrent_streams_and_their
         async with asyncio.timeout(10):
             while {k: v for k, v in (await ledger_total()).items() if k in expected} != expected:  # noqa: ASYNC110
                 await asyncio.sleep(0.1)
-        assert gws.alive()
+        assert gws.alive(), gws.why()
 
 
 async def test_a_key_made_on_one_gateway_works_at_once_on_the_other_and_a_revoked_one_fails_at_once(
@@ -178,7 +178,7 @@ async def test_a_key_made_on_one_gateway_works_at_once_on_the_other_and_a_revoke
                         await asyncio.sleep(0.05)
         finally:
             await raw.aclose()
-        assert gws.alive()
+        assert gws.alive(), gws.why()
 
 
 async def test_a_window_resets_at_midnight_in_its_zone_on_the_redis_store(

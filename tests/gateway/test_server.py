@@ -20,6 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.config import parse_config
 from gateway.server import GatewayServer
+from loadtests.ports import free_port
 from tests.gateway.raw_http import RawConnection, RawResponse, post_head
 from tests.gateway.stack import MODEL, chat, merge, metric_value, stack
 from tests.gateway.tenancy_stack import tenant
@@ -42,9 +43,7 @@ async def test_accepted_connections_have_tcp_nodelay() -> None:
 
 
 def _closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    return free_port()  # nothing listens there
 
 
 @contextlib.asynccontextmanager

@@ -46,21 +46,22 @@ class Gateways:
         path = tmp / "kvgate.yaml"
         path.write_text(yaml.safe_dump(config))
         self.ports = [free_port(), free_port()]
-        self.procs = [
-            subprocess.Popen(
-                [sys.executable, "-m", "gateway.cli", "serve", "--config", str(path), "--port", str(p)],
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-            )
-            for p in self.ports
-        ]
+        self.logs = [tmp / f"kvgate-{i}.log" for i in range(len(self.ports))]  # stderr, for `why`
+        self.procs = []
+        for p, log in zip(self.ports, self.logs, strict=True):
+            with log.open("wb") as err:
+                self.procs.append(subprocess.Popen(
+                    [sys.executable, "-m", "gateway.cli", "serve", "--config", str(path), "--port", str(p)],
+                    stdout=subprocess.DEVNULL,
+                    stderr=err,
+                ))  # fmt: skip
         self.clients = [httpx.AsyncClient(base_url=f"http://127.0.0.1:{p}", timeout=10) for p in self.ports]
 
     async def ready(self, timeout: float = 30.0) -> None:
         async with asyncio.timeout(timeout):
             for c, proc in zip(self.clients, self.procs, strict=True):
                 while True:
-                    assert proc.poll() is None, "kvgate exited during start-up"
+                    assert proc.poll() is None, "kvgate exited during start-up\n" + self.why()
                     with contextlib.suppress(httpx.TransportError):
                         if (await c.get("/ready")).status_code == 200:
                             break
@@ -68,6 +69,14 @@ class Gateways:
 
     def alive(self) -> bool:
         return all(p.poll() is None for p in self.procs)
+
+    def why(self) -> str:
+        """Each process's exit code (None: running) and the end of its stderr: the message of a
+        failed `alive()`."""
+        return "\n".join(
+            f"gateway {i}: exit {p.poll()}\n" + "\n".join(log.read_text(errors="replace").splitlines()[-30:])
+            for i, (p, log) in enumerate(zip(self.procs, self.logs, strict=True))
+        )
 
     async def close(self) -> None:
         for c in self.clients:
@@ -145,7 +154,7 @@ async def test_fail_open_shares_the_limit_out_while_redis_is_down_and_shares_it_
         # each gateway falls back to local buckets holding half the limit, full at first use
         assert a.count(200) == BURST // 2 and b.count(200) == BURST // 2, (a, b)
         assert set(a + b) == {200, 429}  # no 5xx: fail-open keeps serving within its share
-        assert gws.alive()
+        assert gws.alive(), gws.why()
         assert await metric_value(gws.clients[0], "kvgate_state_store_up") == 0
         assert await metric_value(gws.clients[0], "kvgate_state_store_errors_total") >= 1
         redis_server.start()  # empty: a full shared bucket of 20
@@ -153,7 +162,7 @@ async def test_fail_open_shares_the_limit_out_while_redis_is_down_and_shares_it_
         # shared again: one gateway may use the whole bucket, and then the other gets nothing
         assert (await send(gws.clients[0], 20)) == [200] * BURST
         assert (await send(gws.clients[1], 3)) == [429] * 3
-        assert gws.alive()
+        assert gws.alive(), gws.why()
 
 
 async def test_fail_closed_refuses_with_503_while_redis_is_down_then_recovers(

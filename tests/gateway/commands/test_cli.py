@@ -16,6 +16,7 @@ import httpx
 import pytest
 
 from gateway.cli import main
+from loadtests.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -59,12 +60,6 @@ def test_check_config_warns_when_replica_certificates_are_not_verified(
     assert "ok" in out.out
     (warning,) = out.err.strip().splitlines()
     assert "warning" in warning and "upstream.tls_verify" in warning
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.mark.timeout(90)

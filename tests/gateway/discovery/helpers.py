@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import socket
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -14,6 +13,7 @@ import httpx
 
 from gateway.config import parse_config
 from gateway.server import GatewayServer
+from loadtests.ports import free_port
 from simulator.fleet import SimFleet
 from tests.gateway.stack import MODEL, merge
 
@@ -21,19 +21,8 @@ FAST_FLEET = {"scrape_interval_s": 0.05, "health_interval_s": 0.1, "models_poll_
 
 
 def free_port_on(ips: list[str]) -> int:
-    """A port free on every address of `ips` (bound and released on the first, checked on all)."""
-    for _ in range(20):
-        with socket.socket() as s:
-            s.bind((ips[0], 0))
-            port = int(s.getsockname()[1])
-        try:
-            for ip in ips[1:]:
-                with socket.socket() as s:
-                    s.bind((ip, port))
-        except OSError:
-            continue
-        return port
-    raise RuntimeError("no common free port")
+    """A port free on every address of `ips`."""
+    return free_port(ips[0], also=ips[1:])
 
 
 @dataclass

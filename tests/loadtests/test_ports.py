@@ -1,0 +1,63 @@
+"""free_port: below the kernel's ephemeral range, free on every address asked, the kernel's pick
+where there is no room below the range."""
+
+from __future__ import annotations
+
+import random
+import socket
+from pathlib import Path
+
+import pytest
+
+from loadtests import ports
+from loadtests.ports import FLOOR, ephemeral_low, free_port
+
+
+def test_a_port_below_the_ephemeral_range_that_binds() -> None:
+    low = ephemeral_low()
+    for _ in range(20):
+        port = free_port()
+        if low - FLOOR >= 1_000:
+            assert FLOOR <= port < low  # no port-0 bind or outgoing connection can be handed it
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", port))
+
+
+def test_a_port_in_use_is_passed_over(monkeypatch: pytest.MonkeyPatch) -> None:
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        taken = held.getsockname()[1]
+        held.listen()
+        asked: list[int] = []
+
+        class Scripted(random.Random):
+            def randrange(self, start: int, stop: int, *_: object) -> int:  # type: ignore[override]
+                asked.append(1)  # the first two picks are the port in use, then real ones
+                return taken if len(asked) <= 2 else random.randrange(start, stop)
+
+        monkeypatch.setattr(ports, "_rng", Scripted())
+        port = free_port(low=65_535)
+        assert port != taken and len(asked) >= 3
+
+
+def test_free_on_every_address_asked() -> None:
+    port = free_port("127.0.0.1", also=["127.0.0.2"])
+    for host in ("127.0.0.1", "127.0.0.2"):
+        with socket.socket() as s:
+            s.bind((host, port))
+
+
+def test_no_room_below_the_range_falls_back_to_the_kernels_pick() -> None:
+    port = free_port(low=FLOOR + 10)
+    assert port > 0
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", port))
+
+
+def test_the_range_is_read_from_the_kernel_or_defaults(tmp_path: Path) -> None:
+    f = tmp_path / "range"
+    f.write_text("40000\t60999\n")
+    assert ephemeral_low(f) == 40_000
+    f.write_text("nonsense")
+    assert ephemeral_low(f) == 32_768
+    assert ephemeral_low(tmp_path / "missing") == 32_768
