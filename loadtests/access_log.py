@@ -26,7 +26,8 @@ def ttft_errors(path: Path, request_ids: Collection[str]) -> list[float]:
             if not isinstance(line, dict):
                 continue
             error = line.get("ttft_error")
-            number = isinstance(error, (int, float)) and not isinstance(error, bool)
-            if number and line.get("request_id") in request_ids:
+            if isinstance(error, bool) or not isinstance(error, (int, float)):
+                continue  # not scored (null), or not a number
+            if line.get("request_id") in request_ids:
                 errors.append(float(error))
     return errors
