@@ -210,17 +210,21 @@ class ReplicaLatencyModel:
         (`quote_costs`), and the unloaded TTFT of the whole prompt (`ttft_s(0, whole, 0, 0)`) for the
         knee. The request path's per-candidate call, inlined (the arithmetic of the methods above,
         about 3x faster)."""
-        # batch_kv_tokens, and the requests decoding here: kvgate's in flight, or a fresh scrape's
-        # running if more
+        # batch_kv_tokens (others_running, inlined), and the requests decoding here for the stall
+        # term: kvgate's in flight, or a fresh scrape's running if more. The batch is what the next
+        # step reads now; the stall term's count also keeps the scrape's requests of kvgate's that
+        # ended since, as their clients' next requests tend to follow them there (measured:
+        # docs/benchmarks.md, "The scrape's running, and kvgate's own since").
         running = state.in_flight
         batch = float(state.in_flight_tokens)
-        if fresh:  # others_running, inlined
+        if fresh:
             mine = state.in_flight_at_scrape
             others = state.running - (running if mine is None else mine)
             if others > 0:
                 per_request = batch / running if running else self.mean_uncached
                 batch += others * per_request
-                running += others
+            if state.running > running:
+                running = state.running
         # tokens_ahead, and in_step_tokens (none while a fresh scrape shows requests waiting)
         due = self.due
         if due and due[0][0] <= now:

@@ -113,9 +113,6 @@ def reference_cost_s(
 
 
 def reference_running(r: ReplicaState, fresh: bool) -> int:
-    """Requests decoding there: kvgate's in flight, and when the scrape is fresh those it saw running
-    beyond kvgate's in flight at the time (another sender's)."""
-    if not fresh:
-        return r.in_flight
-    mine = r.in_flight if r.in_flight_at_scrape is None else r.in_flight_at_scrape
-    return r.in_flight + max(0, r.running - mine)
+    """Requests decoding there for the stall term: kvgate's in flight, or a fresh scrape's running if
+    more (its requests of kvgate's that ended since included)."""
+    return max(r.in_flight, r.running) if fresh else r.in_flight

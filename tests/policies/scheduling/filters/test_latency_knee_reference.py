@@ -69,7 +69,7 @@ def context(prompt_tokens: int, match: dict[str, float], est: LatencyEstimator, 
 @given(fleet_specs=st.lists(specs, min_size=1, max_size=8), prompt_tokens=st.integers(0, 40_000))
 def test_each_quote_is_its_reference(fleet_specs: list[Spec], prompt_tokens: int) -> None:
     # To the last bit: the predicted TTFT, the uncached tokens, the fit's slope, the running requests
-    # (kvgate's, and a fresh scrape's beyond kvgate's at the time) and the whole prompt's unloaded TTFT.
+    # (kvgate's, or a fresh scrape's if more) and the whole prompt's unloaded TTFT.
     est, candidates, match = fleet(fleet_specs)
     memo: dict[str, Quote] = {}
     quotes = est.price(candidates, prompt_tokens, match, NOW, STALE, memo)
