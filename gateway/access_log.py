@@ -7,8 +7,11 @@ Fields: `ts` (Unix seconds), `request_id`, `path`, `tenant` (null when unauthent
 (from arrival to the first attempt's start: parsing, tokenizing, limits, flow control's queue and
 routing; null when it never went out), `ttft_ms` and `duration_ms` (from arrival; null when nothing
 was sent), `retries` (attempts after the first), `error` (the last upstream failure's kind, or
-null). `ttft_ms - dispatch_ms` is the replicas' part of the first token's wait. Never a key, a
-header value or the prompt.
+null), `predicted_ttft_ms` (the latency model's prediction for the last attempt, from its dispatch to
+its first chunk; null when none was made) and `ttft_error` (|predicted - actual| / actual for a
+stream whose prediction's inputs were fresh: what `kvgate_ttft_prediction_error_ratio` observed;
+null otherwise). `ttft_ms - dispatch_ms` is the replicas' part of the first token's wait. Never a
+key, a header value or the prompt.
 
 Cost: one dict and one orjson encode per request, and the logging call; none when `server.access_log`
 is off. `kvgate serve` sends the logger to stdout (gateway/server.py).
@@ -62,7 +65,7 @@ class AccessLog:
         if not self.enabled or not self._log.isEnabledFor(logging.INFO):
             return
         usage = outcome.usage
-        first, sent = outcome.first_byte_at, outcome.dispatched_at
+        first, sent, predicted = outcome.first_byte_at, outcome.dispatched_at, outcome.predicted_ttft_s
         line = {
             "ts": round(self._clock(), 3),
             "request_id": request_id.decode("latin-1"),
@@ -83,5 +86,7 @@ class AccessLog:
             "duration_ms": round((ended - started) * 1000, 2),
             "retries": max(0, outcome.attempts - 1),
             "error": outcome.error_kind,
+            "predicted_ttft_ms": round(predicted * 1000, 2) if predicted is not None else None,
+            "ttft_error": round(outcome.ttft_error, 4) if outcome.ttft_error is not None else None,
         }
         self._log.info(orjson.dumps(line).decode())

@@ -102,6 +102,11 @@ class Outcome:
     error_detail: str = ""  # what the last failed attempt said, for the client's error message
     attempts: int = 0
     slow_client: bool = False  # kvgate gave up on a client that took nothing for send_s (its doing)
+    # The latency model's word on the last attempt (gateway/latency_store.py): its predicted time from
+    # dispatch to first chunk, and |predicted - actual| / actual when a stream's first chunk came and
+    # the prediction's inputs were fresh (None otherwise).
+    predicted_ttft_s: float | None = None
+    ttft_error: float | None = None
 
 
 @dataclass(slots=True)

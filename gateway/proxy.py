@@ -231,6 +231,7 @@ class ProxyEndpoint:
             ticket = gw.router.predict(info, live, match.get(r.name, 0), gw.clock())
             ticket = latency.dispatch(ticket, None if req.stream else gw.clock())
             attempt[:] = [ticket, time.perf_counter(), False]
+            progress.predicted_ttft_s = ticket.ttft_s
             gw.fleet.dispatched(r.name, tokens)
             gw.router.dispatched(info, r.name)
             gw.metrics.dispatched_to(r.name)
@@ -239,7 +240,7 @@ class ProxyEndpoint:
 
         def on_first_chunk(r: ReplicaState) -> None:
             attempt[2] = True
-            latency.first_token(attempt[0], time.perf_counter() - attempt[1])
+            progress.ttft_error = latency.first_token(attempt[0], time.perf_counter() - attempt[1])
             gw.router.latency.step_seen(r.name, gw.clock())
             if gw.tenancy.admission is not None:  # the work ahead shrank: the latency gate may open
                 gw.tenancy.admission.on_prefilled(info.base_model)

@@ -26,7 +26,9 @@ the path (gateway, HTTP): it is divided by the time scale too, so the gateway's 
 Extra record fields (beyond `loadtests.results`): `clock`, `requests_offered`, `sent`, `wall_s`,
 `warmup_errors` (failures among the unmeasured warm-up requests of the point), `sim_*` (the
 simulator's steps, step lag in wall seconds, clock jumps in simulated seconds, CPU in cores, and
-`sim_distorted`), `gateway_*` (CPU, RSS, prefix-index keys, queued and rejected admissions).
+`sim_distorted`), `gateway_*` (CPU, RSS, prefix-index keys, queued and rejected admissions, and
+`gateway_ttft_prediction_error`: n, p50 and p90 of the latency model's |predicted - actual| / actual
+TTFT over the point's streams it scored, read from the gateway's access log by request id).
 
 Interrupts: Ctrl-C or SIGTERM cancel the run; the children are stopped (gateway, then fleet) and the
 records measured so far are written.
@@ -49,6 +51,7 @@ from typing import Any
 import aiohttp
 
 from loadtests import bench_fleet
+from loadtests.access_log import ttft_errors
 from loadtests.bench_processes import (
     GatewayProcess,
     ProcessLayout,
@@ -59,7 +62,7 @@ from loadtests.bench_processes import (
     rss_bytes,
 )
 from loadtests.bench_summary import write_summary
-from loadtests.measures import RequestTrace, fleet_delta
+from loadtests.measures import RequestTrace, fleet_delta, prediction_errors
 from loadtests.ports import free_port
 from loadtests.presets import DIRECT, BenchPreset
 from loadtests.results import make_meta, validate_record, write_results
@@ -421,6 +424,9 @@ class _Bench:
             gateway_queued=(gauges1.queued - gauges0.queued) if gauges0 and gauges1 else None,
             gateway_rejected=(gauges1.rejected - gauges0.rejected) if gauges0 and gauges1 else None,
         )
+        if gateway is not None and gateway.access_log is not None:
+            ids = {t.request_id for t in result.traces}
+            record["gateway_ttft_prediction_error"] = prediction_errors(ttft_errors(gateway.access_log, ids))
         validate_record(record)
         return record
 

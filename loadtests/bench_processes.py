@@ -290,7 +290,7 @@ class GatewayProcess:
             self._cmd += ["--workers", str(workers)]
         self._listeners = workers or 1
         self._log_path = log_path
-        self._access_log = access_log
+        self.access_log = access_log
         self._replicas = len(config.get("replicas", ()))
         self.child: Child | None = None
 
@@ -300,7 +300,7 @@ class GatewayProcess:
         return self.child.pid
 
     async def start(self, timeout_s: float = 60.0) -> None:
-        self.child = child = Child(self._cmd, self._log_path, read_stdout=False, stdout_path=self._access_log)
+        self.child = child = Child(self._cmd, self._log_path, read_stdout=False, stdout_path=self.access_log)
         deadline = time.monotonic() + timeout_s
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2.0)) as session:
             while True:

@@ -51,11 +51,13 @@ def setting_markdown(meta: Mapping[str, Any], records: Sequence[Mapping[str, Any
         "",
         "Simulator distortion and CPU per run (step lag in wall ms: how late engine steps started because "
         "the simulator's CPU was busy; clock jumps in simulated s, ⚠ above 2% of the replicas' measured "
-        "time: the simulator fell behind and that run's latencies are stretched; CPU in cores):",
+        "time: the simulator fell behind and that run's latencies are stretched; CPU in cores; TTFT "
+        "model error: p50 / p90 of the latency model's |predicted - actual| / actual TTFT over the "
+        "point's streams, from the gateway's access log):",
         "",
         "| workload | policy | load | lag mean ms | lag p99 ≤ ms | clock jumps s | sim CPU | gateway CPU "
-        "| gateway ms CPU/req | loadgen CPU | index keys | warm-up errors |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| gateway ms CPU/req | loadgen CPU | index keys | warm-up errors | TTFT model error |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in records:
         load = f"c={r['concurrency']}" if r["mode"] == "closed" else f"{r['rate']:g}/s"
@@ -72,6 +74,14 @@ def setting_markdown(meta: Mapping[str, Any], records: Sequence[Mapping[str, Any
             f"{' ⚠' if r.get('sim_distorted') else ''} | "
             f"{num(r.get('sim_cpu_frac'))} | {num(r.get('gateway_cpu_frac'))} | "
             f"{num(r.get('gateway_cpu_ms_per_request'))} | {num(r.get('loadgen_cpu_frac'))} | "
-            f"{num(r.get('gateway_index_keys'), '.0f')} | {r.get('warmup_errors', '-')} |"
+            f"{num(r.get('gateway_index_keys'), '.0f')} | {r.get('warmup_errors', '-')} | "
+            f"{_model_error(r.get('gateway_ttft_prediction_error'))} |"
         )
     return "\n".join(lines) + "\n"
+
+
+def _model_error(err: Mapping[str, Any] | None) -> str:
+    """`gateway_ttft_prediction_error` as "p50 / p90", or "-" (no gateway, or no stream scored)."""
+    if not err or not err.get("n"):
+        return "-"
+    return f"{err['p50']:.3f} / {err['p90']:.3f}"

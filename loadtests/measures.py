@@ -396,3 +396,13 @@ def prefix_hit_rate(
 ) -> float | None:
     """Sum over replicas of Δhits / sum of Δqueries (tokens); None when there were no queries."""
     return fleet_delta(before, after).prefix_hit_rate
+
+
+def prediction_errors(errors: Iterable[float]) -> dict[str, float | int | None]:
+    """|predicted - actual| / actual TTFT of a point's streams, as kvgate's latency model scored
+    them (the DES's gateways, or a live gateway's access log): count, p50, p90 (nearest rank)."""
+    ordered = sorted(errors)
+    if not ordered:
+        return {"n": 0, "p50": None, "p90": None}
+    n = len(ordered)
+    return {"n": n, "p50": ordered[(n - 1) // 2], "p90": ordered[min(n - 1, int(0.9 * n))]}

@@ -9,7 +9,9 @@ after it; requests in flight then get `drain_timeout_s` to finish and are cancel
 `loadtests.workloads.spec`); in the open loop an arrival whose next request waits on its session sends
 it as soon as the session is free.
 
-`base_url` is a replica or the gateway (`http://host:port`, with or without a trailing `/v1`).
+`base_url` is a replica or the gateway (`http://host:port`, with or without a trailing `/v1`). Each
+request carries its spec's `request_id` as `x-request-id` (a spec's own headers may replace it): kvgate
+keeps a client's id in its access log, so a trace finds its line there.
 
 One aiohttp `ClientSession` carries every request, with a connection limit of at least the concurrency
 (aiohttp sets TCP_NODELAY on every connection it opens: `aiohttp.base_protocol`, checked by the tests).
@@ -369,11 +371,11 @@ class _Run:
             self._on_done(trace)
 
     async def _request(self, spec: RequestSpec, start: float) -> RequestTrace:
-        headers = self._headers
-        if spec.api_key is not None or spec.headers:
-            headers = {**headers, **spec.headers}
-            if spec.api_key is not None:
-                headers["Authorization"] = f"Bearer {spec.api_key}"
+        # The spec's id as the request's: a gateway keeps it in its access log line, so each trace
+        # finds its line there (kvgate bench reads the latency model's errors from it).
+        headers = {**self._headers, "x-request-id": spec.request_id, **spec.headers}
+        if spec.api_key is not None:
+            headers["Authorization"] = f"Bearer {spec.api_key}"
         stream = SseStream()
         status = 0
         replica: str | None = None

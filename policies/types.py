@@ -64,7 +64,11 @@ class ReplicaState:
     """What the gateway believes about one replica at one instant.
 
     `running`, `waiting`, `kv_usage` and the adapter sets come from the replica's last good scrape;
-    `in_flight*` are the gateway's own live counts (sent, not yet finished), exact between scrapes.
+    `in_flight*` are the gateway's own live counts (sent, not yet finished), exact between scrapes;
+    `in_flight_at_scrape` is its in-flight count when the last scrape was recorded, so `running` and
+    `waiting` beyond it are other senders' requests (None: not known, take `in_flight`). Compared
+    with the live count instead, a request of kvgate's that ended after the scrape would still look
+    like another sender's until the next one.
     `scraped_at` is None until the first good scrape. `kv_usage` is a fraction in [0, 1].
     `phase` is its membership (`ReplicaPhase`); only READY replicas take new requests. `ready_since`
     is when it last became READY while it ramps up (slow start over `slow_start_s` seconds, see
@@ -81,6 +85,7 @@ class ReplicaState:
     kv_usage: float = 0.0
     in_flight: int = 0
     in_flight_tokens: int = 0
+    in_flight_at_scrape: int | None = None
     block_size: int = 16
     num_gpu_blocks: int = 0
     max_loras: int = 0

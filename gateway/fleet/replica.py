@@ -48,6 +48,7 @@ class ReplicaRecord:
         "ejections",
         "health_says_unhealthy",
         "in_flight",
+        "in_flight_at_scrape",
         "in_flight_tokens",
         "in_rotation_since",
         "labels",
@@ -79,6 +80,7 @@ class ReplicaRecord:
         self.adapters: frozenset[str] = frozenset()  # from /v1/models and lora_requests_info
         self.in_flight = 0  # requests kvgate sent and that have not finished
         self.in_flight_tokens = 0  # their tokens, as the forwarder counted them at dispatch
+        self.in_flight_at_scrape = 0  # in_flight when the last scrape was recorded
         self.consecutive_failures = 0
         self.ejections = 0  # ejections since last forgiven; the backoff's exponent
         self.ejected_until: float | None = None  # None: in rotation
@@ -184,6 +186,7 @@ class ReplicaRecord:
         old_capacity = self.kv_capacity_tokens
         self.metrics = metrics
         self.scraped_at = now
+        self.in_flight_at_scrape = self.in_flight
         return self._refresh_adapters(), old_capacity != metrics.kv_capacity_tokens
 
     def record_served(self, served: ServedModels) -> bool:
@@ -231,6 +234,7 @@ class ReplicaRecord:
             kv_usage=m.kv_usage,
             in_flight=self.in_flight,
             in_flight_tokens=self.in_flight_tokens,
+            in_flight_at_scrape=self.in_flight_at_scrape,
             block_size=m.block_size or 16,  # ReplicaState's default; capacity stays 0 while unknown
             num_gpu_blocks=m.num_gpu_blocks or 0,
             max_loras=m.max_loras or 0,

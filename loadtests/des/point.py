@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import resource
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 
 from loadtests.des.arrivals import LoadClients
 from loadtests.des.config import DesConfig
@@ -20,7 +20,7 @@ from loadtests.des.gateways import Gateways
 from loadtests.des.outcome import DesResult, DesTimings, ReplicaReport, SkewStats
 from loadtests.des.prompts import PromptTokenizer
 from loadtests.des.traces import ItlHistogram, OpenRequest
-from loadtests.measures import FleetDelta, RequestTrace
+from loadtests.measures import FleetDelta, RequestTrace, prediction_errors
 from loadtests.runner import LoadConfig
 
 Counters = tuple[int, int, int, int, int, float]
@@ -119,12 +119,3 @@ class LoadPoint:
                 for e in (m.latency.errors or ())[e0:]
             )},
         )
-
-
-def prediction_errors(errors: Iterable[float]) -> dict[str, float | int | None]:
-    """|predicted - actual| / actual TTFT of the point's streams (every gateway's): count, p50, p90."""
-    ordered = sorted(errors)
-    if not ordered:
-        return {"n": 0, "p50": None, "p90": None}
-    n = len(ordered)
-    return {"n": n, "p50": ordered[(n - 1) // 2], "p90": ordered[min(n - 1, int(0.9 * n))]}

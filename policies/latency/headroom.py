@@ -199,11 +199,14 @@ def load_rps(coef: tuple[float, float, float, float], mix: Mix, busy: float) -> 
 
 
 def busy_requests(state: ReplicaState, fresh: bool) -> int:
-    """Requests occupying the replica: kvgate's own, or the scrape's running + waiting when fresh
-    and larger (other gateways' requests included)."""
+    """Requests occupying the replica: kvgate's own, and when the scrape is fresh the running +
+    waiting it saw beyond kvgate's in flight at the time (other gateways' requests)."""
     busy = state.in_flight
-    if fresh and state.running + state.waiting > busy:
-        busy = state.running + state.waiting
+    if fresh:
+        mine = state.in_flight_at_scrape
+        others = state.running + state.waiting - (busy if mine is None else mine)
+        if others > 0:
+            busy += others
     return busy
 
 

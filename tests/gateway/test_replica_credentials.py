@@ -105,9 +105,16 @@ async def test_one_access_log_line_per_request_without_keys_or_prompts(
         ) as resp:
             [c async for c in resp.aiter_bytes()]
         await s.client.post("/v1/chat/completions", json=chat("x"), headers={"x-request-id": "L3"})
+        for i in range(4):  # more streams: once the fleet's scrape is fresh, their predictions are scored
+            async with s.client.stream(
+                "POST", "/v1/chat/completions", json=chat(f"s{i}", stream=True),
+                headers={**auth("acme"), "x-request-id": f"S{i}"},
+            ) as resp:  # fmt: skip
+                [c async for c in resp.aiter_bytes()]
+        metrics = (await s.client.get("/metrics")).text
     lines = [orjson.loads(r.getMessage()) for r in caplog.records if r.name == "kvgate.access"]
     by_id = {line["request_id"]: line for line in lines}
-    assert set(by_id) == {"L1", "L2", "L3"}
+    assert set(by_id) == {"L1", "L2", "L3", "S0", "S1", "S2", "S3"}
     one, two, three = by_id["L1"], by_id["L2"], by_id["L3"]
     assert one["tenant"] == "acme" and one["model"] == MODEL and one["pool"] == MODEL
     assert one["status"] == 200 and one["stream"] is False and one["replica"] in ("r0", "r1")
@@ -116,8 +123,28 @@ async def test_one_access_log_line_per_request_without_keys_or_prompts(
     assert two["stream"] is True and two["status"] == 200 and two["completion_tokens"] > 0
     assert three["status"] == 401 and three["tenant"] is None and three["replica"] is None
     assert three["dispatch_ms"] is None and three["ttft_ms"] is None  # never went out
+    # The latency model's prediction for each request sent, its error for each stream it scored: the
+    # observations of kvgate_ttft_prediction_error_ratio, one for one.
+    assert one["predicted_ttft_ms"] > 0 and one["ttft_error"] is None  # no first chunk to score
+    assert three["predicted_ttft_ms"] is None and three["ttft_error"] is None
+    streams = [line for line in lines if line["stream"]]
+    assert all(line["predicted_ttft_ms"] > 0 for line in streams)
+    scored = [line["ttft_error"] for line in streams if line["ttft_error"] is not None]
+    assert scored and all(e >= 0 for e in scored)
+    count = sum(float(v) for k, v in _samples(metrics, "kvgate_ttft_prediction_error_ratio_count"))
+    total = sum(float(v) for k, v in _samples(metrics, "kvgate_ttft_prediction_error_ratio_sum"))
+    assert count == len(scored) and total == pytest.approx(sum(scored), abs=1e-3)
     text = "\n".join(r.getMessage() for r in caplog.records)
     assert secret_prompt not in text and "sk-test" not in text
+
+
+def _samples(text: str, name: str) -> list[tuple[str, str]]:
+    """(labels, value) of each sample of `name` on a /metrics page."""
+    return [
+        (line[len(name) :].rsplit(" ", 1)[0], line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith(name + "{") or line.startswith(name + " ")
+    ]
 
 
 async def test_the_access_log_can_be_turned_off(caplog: pytest.LogCaptureFixture) -> None:

@@ -312,6 +312,10 @@ def test_tiny_bench_writes_results_summary_and_plots_and_leaves_no_children(tmp_
     for policy in ("round-robin", "default"):
         lines = (out / "logs" / f"access-random-{policy}.log").read_text().splitlines()
         assert sum('"status": 200' in line or '"status":200' in line for line in lines) >= 8, lines[:3]
+    # The latency model's errors over each point's streams, found in its access log by request id.
+    for r in runs:
+        err = r["gateway_ttft_prediction_error"]
+        assert 0 < err["n"] <= 8 and 0 <= err["p50"] <= err["p90"], err
     _children_gone(meta)
 
 

@@ -35,7 +35,13 @@ def test_setting_lists_each_runs_distortion_and_cpu() -> None:
                      process_layout={"note": "2 CPUs"}, notes=["a note"])  # fmt: skip
     text = setting_markdown(meta, [_record("default", 4)])
     assert "2 CPUs" in text and "- note: a note" in text
-    assert "| random | default | c=4 | 1.20 | 5.00 | 0.250 | 0.30 | 0.20 | 1.50 | 0.10 | 42 | 0 |" in text
+    assert "| random | default | c=4 | 1.20 | 5.00 | 0.250 | 0.30 | 0.20 | 1.50 | 0.10 | 42 | 0 | - |" in text
+    err = "gateway_ttft_prediction_error"
+    scored = {**_record("default", 16), err: {"n": 40, "p50": 0.0512, "p90": 0.31}}
+    unscored = {**_record("default", 64), err: {"n": 0, "p50": None, "p90": None}}
+    text = setting_markdown(meta, [scored, unscored])
+    assert "| c=16 | " in text and "| 42 | 0 | 0.051 / 0.310 |" in text
+    assert text.count("| 42 | 0 | - |") == 1  # the unscored one
     distorted = setting_markdown(meta, [{**_record("default", 4), "sim_distorted": True}])
     assert "| 0.250 ⚠ |" in distorted
 

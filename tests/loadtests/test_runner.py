@@ -168,6 +168,8 @@ async def test_headers_tenant_key_and_connection_reuse(url: str, state: FakeStat
     run = await run_load(url, specs(50, tenant="acme"), config)
     assert len(run.traces) == 50 and all(t.tenant == "acme" for t in run.traces)
     assert all(h["authorization"] == "Bearer sk-acme" and h["x-extra"] == "1" for h in state.headers)
+    # Each request carries its spec's id (a gateway's access log keeps it).
+    assert sorted(h["x-request-id"] for h in state.headers) == sorted(f"r{i}" for i in range(50))
     ports = {port for _, _, port in state.log}
     assert len(ports) <= 4  # keep-alive: one connection per worker, not one per request
 

@@ -82,6 +82,21 @@ def test_in_flight_accounting(state: FleetState) -> None:
     assert c is not None and (c.in_flight, c.in_flight_tokens) == (1, 50)
 
 
+def test_each_scrape_keeps_kvgate_s_in_flight_count_at_that_moment(state: FleetState) -> None:
+    """The scrape's running beyond it are other senders' (policies.types.ReplicaState): a request
+    that ends after the scrape leaves the count as the scrape saw it."""
+    assert state.snapshot().by_name(A).in_flight_at_scrape == 0  # type: ignore[union-attr]
+    state.dispatched(A, 300)
+    state.dispatched(A, 200)
+    state.record_scrape(A, METRICS)
+    state.finished(A, 300)
+    r = state.snapshot().by_name(A)
+    assert r is not None and (r.in_flight, r.in_flight_at_scrape, r.running) == (1, 2, 1)
+    state.record_scrape(A, METRICS)
+    r = state.snapshot().by_name(A)
+    assert r is not None and r.in_flight_at_scrape == 1
+
+
 def test_scrape_freshness_and_staleness(state: FleetState, clock: FakeClock) -> None:
     assert not state.snapshot().replicas[0].is_fresh(clock.now, FLEET.stale_after_s)
     assert state.scrape_age_s(A) is None

@@ -201,7 +201,8 @@ def test_the_inlined_cost_is_the_model(work_weight: float) -> None:
     for _ in range(50):
         scraped = NOW - rng.choice([0.1, 5.0])
         r = state("r", in_flight=rng.randint(0, 5), in_flight_tokens=rng.randint(0, 90_000),
-                  running=rng.randint(0, 9), waiting=rng.randint(0, 3), scraped_at=scraped)  # fmt: skip
+                  running=rng.randint(0, 9), waiting=rng.randint(0, 3), scraped_at=scraped,
+                  in_flight_at_scrape=rng.choice([None, rng.randint(0, 5)]))  # fmt: skip
         if rng.random() < 0.5:
             est.step_seen("r", NOW - rng.uniform(0, 0.02))
         held = rng.randint(0, 300)  # index blocks of 16 tokens

@@ -10,6 +10,7 @@ from policies.latency.headroom import (
     Mix,
     RequestMix,
     Slos,
+    busy_requests,
     capacity_rps,
     coefficients,
     load_rps,
@@ -136,3 +137,16 @@ def test_requests_queued_at_the_gateway_count_at_the_rate_the_ttft_slo_asks() ->
     assert queued.backlog_rps == pytest.approx(10 / SLOS.ttft_s)
     assert queued.headroom_rps == pytest.approx(none.headroom_rps - 10 / SLOS.ttft_s)
     assert queued.capacity_rps == none.capacity_rps and queued.load_rps == none.load_rps
+
+
+def test_busy_counts_others_beyond_kvgate_s_in_flight_at_the_scrape() -> None:
+    """A fresh scrape's running + waiting beyond kvgate's in flight when it was taken are other
+    senders'; kvgate's own that ended since are not counted again."""
+
+    def r(**fields: int | None) -> ReplicaState:
+        return ReplicaState("r", "http://r", "m", scraped_at=0.0, **fields)  # type: ignore[arg-type]
+
+    assert busy_requests(r(running=2, waiting=1, in_flight=0, in_flight_at_scrape=3), True) == 0
+    assert busy_requests(r(running=2, waiting=1, in_flight=1, in_flight_at_scrape=1), True) == 3
+    assert busy_requests(r(running=2, waiting=1, in_flight=0), True) == 3  # not known: vs in_flight
+    assert busy_requests(r(running=9, in_flight=2, in_flight_at_scrape=0), False) == 2  # stale

@@ -127,6 +127,7 @@ def test_the_inlined_cost_is_the_model_with_prefill_under_way(work_weight: float
         est.step_seen("r", NOW - rng.uniform(0, 0.15))
         r = state(in_flight=rng.randint(0, 5), in_flight_tokens=rng.choice([0, rng.randint(1, 90_000)]),
                   running=rng.randint(0, 9), waiting=rng.choice([0, 0, 2]),
+                  in_flight_at_scrape=rng.choice([None, rng.randint(0, 5)]),
                   scraped_at=NOW - rng.choice([0.1, 5.0]))  # fmt: skip
         held = rng.randint(0, 300)
         own = est.uncached_tokens(4000, held)
@@ -199,3 +200,30 @@ def test_a_due_request_leaves_both_the_counts_and_the_dated_ledger() -> None:
     assert model.pending_requests == 1 and model.in_step_tokens(state(), True) == 500
     model.prefilled(1000, NOW - 0.2, NOW + 1.0)  # its end, after it was due: nothing more leaves
     assert model.pending_requests == 1 and model.pending_tokens == 500
+
+
+def test_a_request_of_kvgate_s_that_ended_after_the_scrape_is_not_another_sender_s() -> None:
+    """Closed loop at one stream per replica: the scrape saw kvgate's request running, it ended, and
+    the client's next one arrives before the next scrape. The replica is idle: no batch, no step
+    under way. Only requests running beyond kvgate's own at the scrape are another sender's."""
+    est = LatencyEstimator(16, default_prior=PRIOR)
+    est.prefilled(send(est, 300, NOW - 0.5))  # (a mean prompt to price another sender's request at)
+    est.step_seen("r", NOW - 0.001)  # the ended request's last chunk, just now
+    idle = state(in_flight=0, in_flight_tokens=0, running=0)
+    after_own = state(in_flight=0, in_flight_tokens=0, running=1, in_flight_at_scrape=1)
+    beside_other = state(in_flight=0, in_flight_tokens=0, running=1, in_flight_at_scrape=0)
+    old_rule = state(in_flight=0, in_flight_tokens=0, running=1)  # not known: compared with in_flight
+    predict = lambda r: est.predict(r, 300, NOW, 1.0)  # noqa: E731
+    assert predict(after_own).ttft_s == predict(idle).ttft_s == prefill(300)
+    assert predict(after_own).batch_kv_tokens == 0.0 and predict(after_own).wait_s == 0.0
+    for busy in (beside_other, old_rule):
+        assert predict(busy).batch_kv_tokens > 0 and predict(busy).wait_s > 0
+        assert predict(busy).ttft_s > prefill(300)
+    assert predict(beside_other).batch_kv_tokens == 300.0  # priced at the mean uncached prompt
+    # Two of kvgate's at the scrape, one since ended, one still running, and one of another's: the
+    # batch is kvgate's one and the other's (priced as kvgate's).
+    mixed = state(in_flight=1, in_flight_tokens=4000, running=3, in_flight_at_scrape=2)
+    assert est.predict(mixed, 300, NOW, 1.0).batch_kv_tokens == 8000.0
+    # A stale scrape counts nobody else's.
+    stale = state(in_flight=0, in_flight_tokens=0, running=5, in_flight_at_scrape=0, scraped_at=NOW - 9)
+    assert predict(stale).batch_kv_tokens == 0.0

@@ -31,6 +31,7 @@ class Spec(NamedTuple):
     in_flight_tokens: int
     running: int
     waiting: int
+    at_scrape: int | None  # kvgate's in flight when the scrape was recorded (None: not known)
     scraped_ago: float | None  # None: never scraped
     slow: bool  # in the other pool: a prior twice as slow
     dispatched: list[int]  # the ledger: uncached tokens of each request sent
@@ -46,6 +47,7 @@ specs = st.builds(
     in_flight_tokens=st.integers(0, 400_000),
     running=st.integers(0, 64),
     waiting=st.integers(0, 8),
+    at_scrape=st.one_of(st.none(), st.integers(0, 40)),
     scraped_ago=st.one_of(st.none(), st.floats(0.0, 3.0)),
     slow=st.booleans(),
     dispatched=st.lists(st.integers(0, 8000), max_size=4),
@@ -70,6 +72,7 @@ def fleet(specs: list[Spec]) -> tuple[LatencyEstimator, list[ReplicaState], dict
             in_flight_tokens=spec.in_flight_tokens,
             running=spec.running,
             waiting=spec.waiting,
+            in_flight_at_scrape=spec.at_scrape,
             scraped_at=None if spec.scraped_ago is None else NOW - spec.scraped_ago,
         )
         tickets = [est.predict(r, u, NOW, STALE) for u in spec.dispatched]
@@ -107,3 +110,9 @@ def reference_cost_s(
     if work_weight:
         cost += work_weight * ttft.b * uncached / TTFT_X_TOKENS
     return cost
+
+
+def reference_running(r: ReplicaState, fresh: bool) -> int:
+    """Requests decoding there for the stall term: kvgate's in flight, or a fresh scrape's running if
+    more (its requests of kvgate's that ended since included)."""
+    return max(r.in_flight, r.running) if fresh else r.in_flight

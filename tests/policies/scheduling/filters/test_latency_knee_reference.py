@@ -25,7 +25,15 @@ from policies.scheduling.context import SchedulingContext
 from policies.scheduling.filters.latency_knee import LatencyKneeFilter
 from policies.types import ReplicaState, RequestInfo
 from tests.policies.scheduling.builders import NOW, names
-from tests.policies.scheduling.latency_fleets import BLOCK, STALE, Spec, fleet, reference_cost_s, specs
+from tests.policies.scheduling.latency_fleets import (
+    BLOCK,
+    STALE,
+    Spec,
+    fleet,
+    reference_cost_s,
+    reference_running,
+    specs,
+)
 
 
 def reference_kept(ctx: SchedulingContext, candidates: Sequence[ReplicaState]) -> list[ReplicaState]:
@@ -70,7 +78,7 @@ def test_each_quote_is_its_reference(fleet_specs: list[Spec], prompt_tokens: int
         uncached = est.uncached_tokens(prompt_tokens, match.get(r.name, 0))
         model = est.model(r.name, r.pool)
         fresh = r.is_fresh(NOW, STALE)
-        running = max(r.in_flight, r.running) if fresh else r.in_flight
+        running = reference_running(r, fresh)
         ttft = reference_cost_s(model, r, fresh, uncached, NOW, 0.0)
         unloaded = est.unloaded_ttft_s(r, prompt_tokens)
         assert quote == (ttft, uncached, model.ttft.b, running, unloaded)

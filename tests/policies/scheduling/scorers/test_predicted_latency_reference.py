@@ -20,7 +20,15 @@ from policies.scheduling.context import SchedulingContext
 from policies.scheduling.scorers.predicted_latency import PredictedLatencyScorer
 from policies.types import ReplicaState, RequestInfo
 from tests.policies.scheduling.builders import NOW
-from tests.policies.scheduling.latency_fleets import BLOCK, STALE, Spec, fleet, reference_cost_s, specs
+from tests.policies.scheduling.latency_fleets import (
+    BLOCK,
+    STALE,
+    Spec,
+    fleet,
+    reference_cost_s,
+    reference_running,
+    specs,
+)
 
 
 def reference_scores(
@@ -40,7 +48,7 @@ def reference_scores(
         # more) x its own uncached prefill's seconds; only the differences between candidates.
         stalls = []
         for r in candidates:
-            running = max(r.in_flight, r.running) if r.is_fresh(ctx.now, ctx.stale_after_s) else r.in_flight
+            running = reference_running(r, r.is_fresh(ctx.now, ctx.stale_after_s))
             uncached = est.uncached_tokens(ctx.request.prompt_tokens, ctx.prefix_match.get(r.name, 0))
             stalls.append(running * est.prefill_s(r, uncached) if running else 0.0)
         least = min(stalls)
