@@ -248,13 +248,14 @@ async def test_sheddable_is_refused_at_once_and_critical_goes_first_under_satura
         await wait_for(lambda: s.gateway.fleet.snapshot().replicas[0].in_flight == 1)
         queued = [asyncio.ensure_future(send(f"std{i}", "standard")) for i in range(2)]
         await wait_for(lambda: s.gateway.tenancy.admission.depth == 2)
-        t0 = time.monotonic()
         r = await s.client.post(
             "/v1/chat/completions",
             json=chat("shed me"),
             headers={**auth("ops"), "x-kvgate-priority": "sheddable"},
         )
-        assert time.monotonic() - t0 < 2.0  # refused at once, not after a wait
+        # Refused at once, not after a wait: nothing ahead of it has finished yet (an ordering, not
+        # a wall-clock bound; the long answer takes over a second at this time scale).
+        assert done == [] and s.gateway.fleet.snapshot().replicas[0].in_flight == 1
         err = assert_openai_error(r, 503, "overloaded_error")
         assert err["message"].startswith("fleet overloaded") and int(r.headers["retry-after"]) >= 1
         # The limits still come with the refusal, with this request's reservation given back.
