@@ -191,6 +191,27 @@ class LatencyEstimator:
         quotes = self.price(states, prompt_tokens, matched, now, stale_after_s, {})
         return quote_costs(quotes, work_weight, stalls)
 
+    def kv_wait_s(
+        self,
+        state: ReplicaState,
+        prompt_tokens: int,
+        prefix_keys: tuple[int, ...],
+        now: float,
+        stale_after_s: float,
+    ) -> float:
+        """The predicted wait for free KV blocks of a `prompt_tokens` prompt with `prefix_keys` sent
+        to `state`'s replica now: the play of its KV-block ledger that `predict` makes for a ticket
+        (0.0 without a ledger there, or while the replica's capacity is unknown)."""
+        ledger = self._kv.get(state.name)
+        if ledger is None or prompt_tokens <= 0:
+            return 0.0
+        model = self.model(state.name, state.pool)
+        wait, _ = ledger.wait_s(
+            now, self.tpot_s(state, now, stale_after_s), state.block_size, state.num_gpu_blocks,
+            prompt_tokens, prefix_keys, model.prefill_s(1.0),
+        )  # fmt: skip
+        return wait
+
     def prefill_s(self, state: ReplicaState, uncached: int) -> float:
         """Seconds of `state`'s replica's compute that `uncached` prefill tokens take (the marginal
         part of the TTFT fit: without its fixed cost)."""

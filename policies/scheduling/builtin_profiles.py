@@ -96,10 +96,12 @@ _SPECS: dict[str, dict[str, Any]] = {
             # batch_weight 0.5: plus half the seconds its prefill holds up the requests decoding
             # there (x their number), so batches stay even and a busy replica keeps what it holds;
             # 0.5 kept more of the oracle's hits than 1 or 2 at the same goodput (same section).
+            # kv_weight 1: plus the predicted wait for free KV blocks there, so a replica filling
+            # with requests that wait for blocks stops taking more (same section).
             {
                 "type": "predicted-latency",
                 "weight": 1.0,
-                "params": {"work_weight": 1.0, "batch_weight": 0.5},
+                "params": {"work_weight": 1.0, "batch_weight": 0.5, "kv_weight": 1.0},
             },
             # A held prefix also saves the NEXT turn's prefill, which this request's TTFT does not
             # count: 0.1 x the matched share keeps a conversation where its TTFT is within a few

@@ -25,6 +25,15 @@ busy replica. The running count is the larger of kvgate's own in flight and a fr
 Score = best cost / the candidate's (1 for the best, 0.5 for one twice as costly):
 a ratio, so the picker's margin is a share of the cost, and replicas of different speeds compare in
 seconds.
+`kv_weight` adds the candidate's predicted wait for free KV blocks (`policies.latency.kv_admission`:
+the queue there played forward until the prompt's blocks fit) times the weight. Without it a replica
+filling with requests that wait for blocks still looks cheap by its prefill ahead, and keeps taking
+more (docs/benchmarks.md, "The KV wait in `predicted-latency`'s score"). The play costs tens of
+microseconds per candidate on a busy replica, so it is made only for candidates that can still score
+above `1 / KV_REACH`: in increasing order of cost, until the next one's cost without its wait is
+`KV_REACH` times the best with it. The others keep their cost without the wait (their score is at
+most `1 / KV_REACH` either way).
+
 With `tpot_slo_s` > 0, a candidate whose predicted time per output token is over it scores 0 unless
 every candidate is over it. Without latency models in the context every candidate scores 1.
 """
@@ -39,6 +48,8 @@ from policies.latency.replica_model import quote_costs
 from policies.scheduling.context import SchedulingContext, latency_quotes
 from policies.types import ReplicaState
 
+KV_REACH = 2.0  # candidates whose cost without a KV wait is this many times the best get none
+
 
 @dataclass(frozen=True, slots=True)
 class PredictedLatencyScorer:
@@ -50,9 +61,10 @@ class PredictedLatencyScorer:
     tpot_slo_s: float = 0.0
     work_weight: float = 0.0
     batch_weight: float = 0.0
+    kv_weight: float = 0.0
 
     def __post_init__(self) -> None:
-        for field in ("tpot_slo_s", "work_weight", "batch_weight"):
+        for field in ("tpot_slo_s", "work_weight", "batch_weight", "kv_weight"):
             value = getattr(self, field)
             if not (math.isfinite(value) and value >= 0):
                 raise ValueError(f"{field} must be finite and >= 0, got {value}")
@@ -71,6 +83,8 @@ class PredictedLatencyScorer:
             costs = [c + w * (s - least) for c, s in zip(costs, stalls, strict=True)]
         else:
             costs = quote_costs(quotes, self.work_weight)
+        if self.kv_weight:
+            costs = _with_kv_waits(ctx, candidates, costs, self.kv_weight)
         best = min(costs)
         scores = [best / t if t > 0.0 else 1.0 for t in costs]
         bound = self.tpot_slo_s
@@ -80,6 +94,32 @@ class PredictedLatencyScorer:
             if not all(over):
                 scores = [0.0 if o else s for s, o in zip(scores, over, strict=True)]
         return scores
+
+
+def _with_kv_waits(
+    ctx: SchedulingContext, candidates: Sequence[ReplicaState], costs: list[float], weight: float
+) -> list[float]:
+    """`costs` plus `weight` x each candidate's predicted KV wait, for those that can still score
+    above 1 / KV_REACH (module docstring)."""
+    est = ctx.latency
+    assert est is not None
+    req = ctx.request
+    if req.prompt_tokens <= 0:
+        return costs
+    out = list(costs)
+    best = math.inf
+    for i in sorted(range(len(costs)), key=costs.__getitem__):
+        cost = costs[i]
+        if cost >= KV_REACH * best:
+            break  # this one and every later one: at most 1 / KV_REACH of the best, wait or not
+        r = candidates[i]
+        wait = est.kv_wait_s(r, req.prompt_tokens, req.prefix_keys, ctx.now, ctx.stale_after_s)
+        if wait > 0.0:
+            cost += weight * wait
+            out[i] = cost
+        if cost < best:
+            best = cost
+    return out
 
 
 def predicted_ttfts(

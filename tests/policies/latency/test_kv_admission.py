@@ -220,3 +220,20 @@ def test_blocks_held_match_a_count_by_hand_as_requests_come_and_go() -> None:
             fits = (r.end_at for i, r in enumerate(order) if by_hand([*order[i + 1 :], new]) <= capacity)
             expected = next(fits, order[-1].end_at)
         assert wait(0.0, requests, new, capacity) == pytest.approx(expected)
+
+
+def test_the_estimator_s_kv_wait_is_the_ticket_s() -> None:
+    """`kv_wait_s` (what the scorer reads) plays the same ledger as a ticket's prediction."""
+    est = LatencyEstimator(16)
+    first = est.dispatched(est.predict(state(300), 4000, 0.0, 1.0, prompt_tokens=4000, output_tokens=64))
+    est.prefilled(first)
+    est.started(first, first.ttft_s)
+    keys = tuple(range(250))
+    for blocks in (300, 600, 0):
+        ticket = est.predict(state(blocks), 4000, 0.01, 1.0, prompt_tokens=4000, output_tokens=64,
+                             prefix_keys=keys)  # fmt: skip
+        assert est.kv_wait_s(state(blocks), 4000, keys, 0.01, 1.0) == ticket.kv_wait_s
+    assert est.kv_wait_s(state(300), 4000, keys, 0.01, 1.0) > 0.0
+    assert est.kv_wait_s(state(300), 0, (), 0.01, 1.0) == 0.0  # no prompt: nothing to place
+    other = ReplicaState(name="r1", url="http://r1", pool="m", scraped_at=0.0, num_gpu_blocks=10)
+    assert est.kv_wait_s(other, 4000, keys, 0.01, 1.0) == 0.0  # nothing sent there: no ledger

@@ -9,6 +9,7 @@ from policies.latency.prior import LatencyPrior
 from policies.scheduling.builtin_profiles import build_builtin_profile
 from policies.scheduling.context import SchedulingContext
 from policies.scheduling.scorers.predicted_latency import (
+    KV_REACH,
     PredictedLatencyScorer,
     batch_stalls,
     predicted_ttfts,
@@ -149,3 +150,68 @@ def test_weights_must_be_finite_and_not_negative() -> None:
             PredictedLatencyScorer(**{field: -0.1})
         with pytest.raises(ValueError, match=field):
             PredictedLatencyScorer(**{field: float("inf")})
+
+
+class _Waits(LatencyEstimator):
+    """An estimator whose KV waits are given per replica, counting which replicas were played."""
+
+    def __init__(self, waits: dict[str, float]) -> None:
+        super().__init__(BLOCK)
+        self.waits = waits
+        self.played: list[str] = []
+
+    def kv_wait_s(self, state: ReplicaState, prompt_tokens: int, prefix_keys: tuple[int, ...],
+                  now: float, stale_after_s: float) -> float:  # fmt: skip
+        self.played.append(state.name)
+        return self.waits.get(state.name, 0.0)
+
+
+def test_the_kv_wait_moves_a_request_off_a_replica_whose_blocks_are_full() -> None:
+    a, b = replica("a"), replica("b")
+    match = {"a": PROMPT / BLOCK}  # a holds the whole prompt: far cheaper by prefill
+    plain = PredictedLatencyScorer(work_weight=1.0).score(ctx(_Waits({"a": 5.0}), match), [a, b])
+    assert plain[0] == 1.0 and plain[1] < 1.0
+    est = _Waits({"a": 5.0})
+    kv = PredictedLatencyScorer(work_weight=1.0, kv_weight=1.0).score(ctx(est, match), [a, b])
+    assert kv[1] == 1.0 and kv[0] < 0.1  # a's 5 s wait for blocks outweighs its cached prefix
+    assert sorted(est.played) == ["a", "b"]
+    none = _Waits({})
+    assert PredictedLatencyScorer(work_weight=1.0, kv_weight=1.0).score(ctx(none, match), [a, b]) == plain
+
+
+def _full(costs: list[float], waits: list[float], weight: float) -> list[float]:
+    best = min(c + weight * w for c, w in zip(costs, waits, strict=True))
+    return [best / (c + weight * w) for c, w in zip(costs, waits, strict=True)]
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_only_candidates_that_can_still_score_above_the_reach_are_played(seed: int) -> None:
+    """Bounded as the module says: the best candidate and every score above 1 / KV_REACH are those
+    of playing every candidate; the others were not played, and scored at most 1 / KV_REACH."""
+    rng = random.Random(seed)
+    n = rng.randint(1, 12)
+    candidates = [
+        replica(f"r{i}", in_flight=rng.randint(0, 6), in_flight_tokens=rng.randint(0, 60_000))
+        for i in range(n)
+    ]
+    match = {r.name: rng.choice([0, 40, PROMPT / BLOCK]) for r in candidates}
+    waits = {r.name: rng.choice([0.0, 0.0, rng.uniform(0.0, 3.0)]) for r in candidates}
+    weight = rng.choice([0.5, 1.0, 2.0])
+    costs = predicted_ttfts(ctx(_Waits({}), match), candidates, 1.0)  # the costs without a wait
+    expected = _full(costs, [waits[r.name] for r in candidates], weight)
+    est = _Waits(waits)
+    got = PredictedLatencyScorer(work_weight=1.0, kv_weight=weight).score(ctx(est, match), candidates)
+    assert got.index(max(got)) == expected.index(max(expected))
+    for name, g, e in zip([r.name for r in candidates], got, expected, strict=True):
+        if name in est.played:
+            assert g == pytest.approx(e)
+        else:
+            assert g <= 1.0 / KV_REACH + 1e-12 and e <= 1.0 / KV_REACH + 1e-12
+
+
+def test_the_built_in_profile_reads_the_kv_wait() -> None:
+    profile = build_builtin_profile("predicted-latency")
+    scorer = next(w.scorer for w in profile.weighted_scorers if isinstance(w.scorer, PredictedLatencyScorer))
+    assert scorer.kv_weight == 1.0
+    with pytest.raises(ValueError, match="kv_weight"):
+        PredictedLatencyScorer(kv_weight=-1.0)
