@@ -202,15 +202,23 @@ class LatencyEstimator:
         """The predicted wait for free KV blocks of a `prompt_tokens` prompt with `prefix_keys` sent
         to `state`'s replica now: the play of its KV-block ledger that `predict` makes for a ticket
         (0.0 without a ledger there, or while the replica's capacity is unknown)."""
+        if prompt_tokens <= 0 or state.name not in self._kv:
+            return 0.0  # (before the TPOT, which only a play needs)
+        model = self.model(state.name, state.pool)
+        tpot = self.tpot_s(state, now, stale_after_s)
+        return self._kv_play(state, model, tpot, prompt_tokens, prefix_keys, now)[0]
+
+    def _kv_play(self, state: ReplicaState, model: ReplicaLatencyModel, tpot_s: float, prompt_tokens: int,
+                 prefix_keys: tuple[int, ...], now: float) -> tuple[float, int]:  # fmt: skip
+        """(wait for free KV blocks, prefill tokens admitted beside it) on `state`'s replica; (0, 0)
+        without a ledger there or a prompt."""
         ledger = self._kv.get(state.name)
         if ledger is None or prompt_tokens <= 0:
-            return 0.0
-        model = self.model(state.name, state.pool)
-        wait, _ = ledger.wait_s(
-            now, self.tpot_s(state, now, stale_after_s), state.block_size, state.num_gpu_blocks,
-            prompt_tokens, prefix_keys, model.prefill_s(1.0),
+            return 0.0, 0
+        return ledger.wait_s(
+            now, tpot_s, state.block_size, state.num_gpu_blocks, prompt_tokens, prefix_keys,
+            model.prefill_s(1.0),
         )  # fmt: skip
-        return wait
 
     def prefill_s(self, state: ReplicaState, uncached: int) -> float:
         """Seconds of `state`'s replica's compute that `uncached` prefill tokens take (the marginal
@@ -250,19 +258,13 @@ class LatencyEstimator:
         joiners = self._joiners.get(state.name)
         joined = joiners.expected_tokens(owed) if joiners and batch > 0 else 0.0
         ttft = model.ttft_s(ahead + joined, uncached, batch, wait)
-        kv_wait = 0.0
-        ledger = self._kv.get(state.name)
-        if ledger is not None and prompt_tokens > 0:
-            kv_wait, with_tokens = ledger.wait_s(
-                now, tpot, state.block_size, state.num_gpu_blocks, prompt_tokens, prefix_keys,
-                model.prefill_s(1.0),
-            )  # fmt: skip
-            if kv_wait > 0:
-                # Admitted once blocks are free: its prefill then shares steps with the requests
-                # admitted at that instant, and no step is under way for it to wait for.
-                later = model.ttft_s(float(with_tokens), uncached, batch, 0.0)
-                if kv_wait + later > ttft:
-                    ttft = kv_wait + later
+        kv_wait, with_tokens = self._kv_play(state, model, tpot, prompt_tokens, prefix_keys, now)
+        if kv_wait > 0:
+            # Admitted once blocks are free: its prefill then shares steps with the requests
+            # admitted at that instant, and no step is under way for it to wait for.
+            later = model.ttft_s(float(with_tokens), uncached, batch, 0.0)
+            if kv_wait + later > ttft:
+                ttft = kv_wait + later
         self._idents += 1
         return Prediction(
             replica=state.name,

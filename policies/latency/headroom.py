@@ -61,7 +61,7 @@ import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from policies.latency.replica_model import TPOT_X_TOKENS, TTFT_X_TOKENS, ReplicaLatencyModel
+from policies.latency.replica_model import TPOT_X_TOKENS, TTFT_X_TOKENS, ReplicaLatencyModel, others_beyond
 from policies.types import ReplicaState
 
 _MIX_WEIGHT = 0.05  # EWMA weight of one finished request in the pool's mix
@@ -202,12 +202,7 @@ def busy_requests(state: ReplicaState, fresh: bool) -> int:
     """Requests occupying the replica: kvgate's own, and when the scrape is fresh the running +
     waiting it saw beyond kvgate's in flight at the time (other gateways' requests)."""
     busy = state.in_flight
-    if fresh:
-        mine = state.in_flight_at_scrape
-        others = state.running + state.waiting - (busy if mine is None else mine)
-        if others > 0:
-            busy += others
-    return busy
+    return busy + others_beyond(state, state.running + state.waiting) if fresh else busy
 
 
 def replica_headroom(

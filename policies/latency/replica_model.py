@@ -30,7 +30,7 @@ and a prefill that ends in a step has its first token at the step's end.
 
 TPOT = c + d x (KV tokens the running batch reads per step) / 100,000, the batch's context taken from
 kvgate's in-flight tokens (prompt + output cap of what it sent), scaled up when a fresh scrape shows
-more running requests than kvgate had sent when it was taken (`others_running`: not than kvgate has
+more running requests than kvgate had sent when it was taken (`others_beyond`: not than kvgate has
 in flight now, or its own request that ended since the scrape would still count as running).
 
 Calibration (`LinearFit`) takes the TTFT and the mean inter-token time kvgate observes, with the
@@ -82,11 +82,12 @@ def quote_costs(
     return costs
 
 
-def others_running(state: ReplicaState) -> int:
-    """Requests the last scrape saw running beyond kvgate's own in flight then (other gateways',
-    other clients'), at least 0. The caller checks the scrape is fresh."""
+def others_beyond(state: ReplicaState, scraped: int) -> int:
+    """Of `scraped` requests the last scrape counted (its running, or running + waiting), those beyond
+    kvgate's own in flight then: other gateways', other clients'; at least 0. The caller checks the
+    scrape is fresh."""
     mine = state.in_flight_at_scrape
-    others = state.running - (state.in_flight if mine is None else mine)
+    others = scraped - (state.in_flight if mine is None else mine)
     return others if others > 0 else 0
 
 
@@ -176,7 +177,7 @@ class ReplicaLatencyModel:
 
     def batch_kv_tokens(self, state: ReplicaState, fresh: bool) -> float:
         tokens = float(state.in_flight_tokens)
-        others = others_running(state) if fresh else 0
+        others = others_beyond(state, state.running) if fresh else 0
         if others > 0:
             per_request = tokens / state.in_flight if state.in_flight else self.mean_uncached
             tokens += others * per_request
@@ -210,11 +211,11 @@ class ReplicaLatencyModel:
         (`quote_costs`), and the unloaded TTFT of the whole prompt (`ttft_s(0, whole, 0, 0)`) for the
         knee. The request path's per-candidate call, inlined (the arithmetic of the methods above,
         about 3x faster)."""
-        # batch_kv_tokens (others_running, inlined), and the requests decoding here for the stall
+        # batch_kv_tokens (others_beyond, inlined), and the requests decoding here for the stall
         # term: kvgate's in flight, or a fresh scrape's running if more. The batch is what the next
         # step reads now; the stall term's count also keeps the scrape's requests of kvgate's that
         # ended since, as their clients' next requests tend to follow them there (measured:
-        # docs/benchmarks.md, "The scrape's running, and kvgate's own since").
+        # docs/benchmarks.md, "Live: the error kvgate logs, with the latency gate on").
         running = state.in_flight
         batch = float(state.in_flight_tokens)
         if fresh:
