@@ -126,14 +126,16 @@ async def test_an_early_answer_does_not_leave_the_rest_of_the_body_unbounded() -
 
 async def test_an_idle_keep_alive_connection_waits_for_its_own_timeout() -> None:
     # Idle between requests is the keep-alive timeout's business, not the header timeout's.
-    async with serving({"header_timeout_s": 0.2, "keep_alive_timeout_s": 2.0}) as url:
-        conn = await RawConnection.open(url, timeout=5.0)
+    # The header timeout also bounds the first request's head, so it must outlast a connect and send
+    # on a loaded machine (at 0.2 s a full parallel run once had the first request reset).
+    async with serving({"header_timeout_s": 0.5, "keep_alive_timeout_s": 3.0}) as url:
+        conn = await RawConnection.open(url, timeout=8.0)
         await conn.send(GET_HEALTH)
         assert (await conn.response()).status == 200
-        await asyncio.sleep(0.6)  # three header timeouts
+        await asyncio.sleep(1.5)  # three header timeouts
         await conn.send(GET_HEALTH)
         assert (await conn.response()).status == 200
-        assert await conn.closed()  # by the keep-alive timeout, well within the 5 s read bound
+        assert await conn.closed()  # by the keep-alive timeout, well within the 8 s read bound
 
 
 async def test_connections_past_the_cap_get_503_with_retry_after_and_are_closed() -> None:
