@@ -110,6 +110,7 @@ class AdmissionQueue:
         cost_tokens: int,
         prompt_tokens: int = 0,
         slo: LatencySlo = NO_SLO,
+        prefix_keys: tuple[int, ...] = (),
     ) -> Path:
         """Return when the request may be dispatched ("direct" or after waiting, "queued").
         `prompt_tokens` and `slo` (the tenant's and the request's; the band's is added here) are what
@@ -138,14 +139,15 @@ class AdmissionQueue:
                 if not gated:  # (the queue is empty)
                     p.share.started(tenant, weight, now)
                     return "direct"
-                fits, drain = self._gate.room(p, now, prompt_tokens, slo)
+                fits, drain = self._gate.room(p, now, prompt_tokens, slo, False, prefix_keys)
                 light = p.share.outweighed(max(fits, 0), now, p.queue.depth_of)
                 if light(tenant):  # ahead of the queue, up to its own knee, the kept room its own
                     if fits <= 0:
-                        fits, drain = self._gate.room(p, now, prompt_tokens, slo, light=True)
+                        fits, drain = self._gate.room(p, now, prompt_tokens, slo, True, prefix_keys)
                     go = fits > 0
                 else:
-                    go = not p.queue and self._gate.heavy_room(p, now, fits, prompt_tokens, slo) > 0
+                    heavy = self._gate.heavy_room(p, now, fits, prompt_tokens, slo, prefix_keys)
+                    go = not p.queue and heavy > 0
                 if go:
                     p.share.started(tenant, weight, now)
                     return "direct"
@@ -164,7 +166,7 @@ class AdmissionQueue:
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         item_id = str(next(self._ids))
         # Deadlines are kept by each waiter's own timeout, not by the queue (deadline = inf).
-        waiter = Waiter(fut, max(0, prompt_tokens), slo)
+        waiter = Waiter(fut, max(0, prompt_tokens), slo, prefix_keys)
         p.queue.push(QueueItem(item_id, tenant, band, weight, max(0, cost_tokens), now, math.inf, waiter))
         self._depth += 1
         self._drain(p, now)  # a more important request may go ahead of what waits, if there is room
@@ -291,8 +293,10 @@ class AdmissionQueue:
         fits = 1 << 30  # requests the latency gate lets through (sized by the queue's head)
         light: Callable[[str], bool] | None = None
         if room > 0 and self._gate.on and (first := q.peek()) is not None:
-            tokens, slo = first.payload.prompt_tokens, first.payload.slo
-            fits = self._gate.heavy_room(p, now, self._gate.room(p, now, tokens, slo)[0], tokens, slo)
+            w = first.payload
+            tokens, slo, keys = w.prompt_tokens, w.slo, w.prefix_keys
+            fits = self._gate.room(p, now, tokens, slo, False, keys)[0]
+            fits = self._gate.heavy_room(p, now, fits, tokens, slo, keys)
             if fits <= 0:
                 light = share.outweighed(0, now, q.depth_of)
                 fits = self._gate.light_room(p, now)

@@ -47,12 +47,13 @@ DOWN = 1 << 30  # "room" of a pool with no healthy replica: do not hold requests
 
 @dataclass(frozen=True, slots=True)
 class Waiter:
-    """A request waiting in a pool's queue: released by resolving `fut`; `prompt_tokens` and `slo`
-    size the latency gate's room while it is the queue's head."""
+    """A request waiting in a pool's queue: released by resolving `fut`; `prompt_tokens`, `slo` and
+    `prefix_keys` size the latency gate's room while it is the queue's head."""
 
     fut: asyncio.Future[None]
     prompt_tokens: int
     slo: LatencySlo
+    prefix_keys: tuple[int, ...] = ()
 
 
 @dataclass(slots=True)

@@ -5,7 +5,11 @@ The rule is pure (policies/latency_admission); this reads the fleet snapshot and
 (`policies.latency`) for it, per replica still under today's saturation thresholds (hard caps):
 the next request's predicted TTFT there must stay within the knee x its unloaded TTFT there, or the
 tightest TTFT SLO (band, tenant, `x-kvgate-ttft-slo-ms`). Its whole prompt is priced: the prefix
-match is not known before routing.
+match is not known before routing. The predicted TTFT includes the request's wait for free KV blocks
+there, as its ticket's does (`LatencyEstimator.gate_ttft_s`: the replica's KV ledger played with the
+request's prompt and prefix keys, so a prefix group's blocks in flight count once): while no replica
+has blocks for it, it waits at kvgate instead of in an engine that would preempt or evict for it
+(docs/benchmarks.md, "The latency gate and the KV blocks").
 
 The knee is `knee_factor` while several tenants are active in the pool, and `solo_knee_factor` (if
 larger) while at most one is: then the fair queue has nobody to choose between, and holding the
@@ -79,11 +83,12 @@ class LatencyGate:
         return max(cfg.knee_factor, cfg.solo_knee_factor) if alone else cfg.knee_factor
 
     def room(
-        self, p: Pool, now: float, prompt_tokens: int, slo: LatencySlo, light: bool = False
-    ) -> tuple[int, float]:
-        """Requests like this one (`prompt_tokens`, `slo`) the pool's replicas can take by the gate
-        (at the light tenants' knee with `light`), less those released and not yet dispatched; and
-        the least predicted drain (seconds) before one of them would take it."""
+        self, p: Pool, now: float, prompt_tokens: int, slo: LatencySlo, light: bool = False,
+        prefix_keys: tuple[int, ...] = (),
+    ) -> tuple[int, float]:  # fmt: skip
+        """Requests like this one (`prompt_tokens`, `prefix_keys`, `slo`) the pool's replicas can take
+        by the gate (at the light tenants' knee with `light`), less those released and not yet
+        dispatched; and the least predicted drain (seconds) before one of them would take it."""
         est = self._latency
         assert est is not None
         alone = p.share.alone(now, p.queue.depth_of)
@@ -97,7 +102,7 @@ class LatencyGate:
             r = replicas[i]
             if replica_headroom(r, thr, now) <= 0:
                 continue
-            predicted = est.ttft_s(r, tokens, now, stale)
+            predicted = est.gate_ttft_s(r, tokens, prefix_keys, now, stale)
             unloaded = est.unloaded_ttft_s(r, tokens)
             tpot = est.tpot_s(r, now, stale) if slo.tpot_s is not None else 0.0
             room += replica_room(predicted, unloaded, est.prefill_s(r, tokens), knee, slo, tpot)
@@ -113,7 +118,10 @@ class LatencyGate:
             return max(0, min(keep, self._pools.serving(p) - 1))
         return 0
 
-    def heavy_room(self, p: Pool, now: float, fits: int, prompt_tokens: int, slo: LatencySlo) -> int:
+    def heavy_room(
+        self, p: Pool, now: float, fits: int, prompt_tokens: int, slo: LatencySlo,
+        prefix_keys: tuple[int, ...] = (),
+    ) -> int:  # fmt: skip
         """`fits` (`room` for a request like this one) less what a heavy tenant must leave to the light
         ones: while `kept_for_light` is k > 0, only as many as keep k requests' room at the light
         knee. Each request the heavy tenant sends takes exactly one of that room: the replica it goes
@@ -121,11 +129,12 @@ class LatencyGate:
         keep = self.kept_for_light(p, now) if fits > 0 else 0
         if not keep:
             return fits
-        return min(fits, self.room(p, now, prompt_tokens, slo, light=True)[0] - keep)
+        return min(fits, self.room(p, now, prompt_tokens, slo, True, prefix_keys)[0] - keep)
 
     def light_room(self, p: Pool, now: float) -> int:
         """`room` at the light tenants' knee, sized by the pool's queue's head (0 when empty)."""
         head = p.queue.peek()
         if head is None:
             return 0
-        return self.room(p, now, head.payload.prompt_tokens, head.payload.slo, light=True)[0]
+        w = head.payload
+        return self.room(p, now, w.prompt_tokens, w.slo, True, w.prefix_keys)[0]

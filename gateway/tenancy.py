@@ -329,7 +329,7 @@ class Tenancy:
                 try:
                     path = await self.admission.enter(
                         info.base_model, name, tenant.weight, band, info.reserved_tokens,
-                        info.prompt_tokens, slo,
+                        info.prompt_tokens, slo, info.prefix_keys,
                     )  # fmt: skip
                 except GatewayError as err:
                     if reservation is None:

@@ -11,7 +11,8 @@ The rule, per request and replica (the latency model: `policies.latency`):
 
     unloaded  = the request's predicted TTFT on that replica with nothing ahead of it
     bound     = min(knee_factor x unloaded, the tightest TTFT SLO that applies), never below unloaded
-    predicted = its predicted TTFT there now (the work ahead, the step under way, its own prefill)
+    predicted = its predicted TTFT there now (the work ahead, the step under way, its own prefill,
+                its wait for free KV blocks there)
     room      = 0 if predicted > bound, else 1 + how many more requests of its size fit below bound
 
 A TTFT SLO tighter than the request's unloaded TTFT cannot be met anywhere: the request then goes

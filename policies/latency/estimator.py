@@ -5,7 +5,9 @@ scorer) prices each candidate once per decision (`price`: a few float operations
 other allocation beyond the replica's model on first sight). The dispatch (each attempt) calls
 `predict` for the replica tried and `dispatched` with the result: the `Prediction` is the ticket the
 gateway keeps until the answer's first token (`prefilled`, `started`, then `observe_ttft`) and its
-end (`observe_tpot`, `ended`). A ticket predicted with the request's prompt and output cap also joins
+end (`observe_tpot`, `ended`). The latency gate, before routing, prices a request on each replica of
+its pool with `gate_ttft_s`: a ticket's TTFT for its whole prompt, the KV wait included. A ticket
+predicted with the request's prompt and output cap also joins
 the replica's KV ledger (`kv_admission`) until `ended`: the TTFT of a later request there includes
 its wait for free KV blocks, when the replica's capacity is known. The TTFT fit still calibrates on
 the whole observed TTFT less the step under way (the KV wait is not subtracted: measured,
@@ -208,6 +210,37 @@ class LatencyEstimator:
         tpot = self.tpot_s(state, now, stale_after_s)
         return self._kv_play(state, model, tpot, prompt_tokens, prefix_keys, now)[0]
 
+    def gate_ttft_s(
+        self, state: ReplicaState, prompt_tokens: int, prefix_keys: tuple[int, ...], now: float,
+        stale_after_s: float,
+    ) -> float:  # fmt: skip
+        """`ttft_s` of a whole `prompt_tokens` prompt, its wait for free KV blocks included as a
+        ticket's is (`predict`): what the latency gate prices a request at on `state`'s replica."""
+        model = self._models.get(state.name) or self.model(state.name, state.pool)
+        fresh = state.scraped_at is not None and now - state.scraped_at <= stale_after_s
+        batch = model.batch_kv_tokens(state, fresh)
+        ahead = model.tokens_ahead(state, fresh, now)  # first: lets what is due leave the ledger
+        wait = model.wait_s(batch, now, model.in_step_tokens(state, fresh))
+        ttft = model.ttft_s(ahead, prompt_tokens, batch, wait)
+        if prompt_tokens <= 0 or state.name not in self._kv:
+            return ttft
+        tpot = model.tpot_s(batch)
+        return self._with_kv_wait(state, model, ttft, prompt_tokens, batch, tpot, prompt_tokens,
+                                  prefix_keys, now)[1]  # fmt: skip
+
+    def _with_kv_wait(self, state: ReplicaState, model: ReplicaLatencyModel, ttft: float, uncached: int,
+                      batch: float, tpot_s: float, prompt_tokens: int, prefix_keys: tuple[int, ...],
+                      now: float) -> tuple[float, float]:  # fmt: skip
+        """(the wait for free KV blocks, `ttft` with it): once blocks are free the request is admitted,
+        its prefill then shares steps with the requests admitted at that instant, and no step is under
+        way for it to wait for."""
+        kv_wait, with_tokens = self._kv_play(state, model, tpot_s, prompt_tokens, prefix_keys, now)
+        if kv_wait > 0:
+            later = model.ttft_s(float(with_tokens), uncached, batch, 0.0)
+            if kv_wait + later > ttft:
+                ttft = kv_wait + later
+        return kv_wait, ttft
+
     def _kv_play(self, state: ReplicaState, model: ReplicaLatencyModel, tpot_s: float, prompt_tokens: int,
                  prefix_keys: tuple[int, ...], now: float) -> tuple[float, int]:  # fmt: skip
         """(wait for free KV blocks, prefill tokens admitted beside it) on `state`'s replica; (0, 0)
@@ -258,13 +291,8 @@ class LatencyEstimator:
         joiners = self._joiners.get(state.name)
         joined = joiners.expected_tokens(owed) if joiners and batch > 0 else 0.0
         ttft = model.ttft_s(ahead + joined, uncached, batch, wait)
-        kv_wait, with_tokens = self._kv_play(state, model, tpot, prompt_tokens, prefix_keys, now)
-        if kv_wait > 0:
-            # Admitted once blocks are free: its prefill then shares steps with the requests
-            # admitted at that instant, and no step is under way for it to wait for.
-            later = model.ttft_s(float(with_tokens), uncached, batch, 0.0)
-            if kv_wait + later > ttft:
-                ttft = kv_wait + later
+        kv_wait, ttft = self._with_kv_wait(state, model, ttft, uncached, batch, tpot, prompt_tokens,
+                                           prefix_keys, now)  # fmt: skip
         self._idents += 1
         return Prediction(
             replica=state.name,

@@ -50,6 +50,7 @@ class Harness:
             self.fleet.record_scrape(name, ReplicaMetrics(running=0, waiting=0, kv_usage=0.1))
         self.started: list[str] = []
         self.tickets: list[tuple[str, str, str, Prediction]] = []  # label, tenant, replica, ticket
+        self.ended: list[Prediction] = []  # prefilled by `first_token`, still running
 
     async def request(
         self,
@@ -59,12 +60,17 @@ class Harness:
         prompt: int = PROMPT,
         slo: LatencySlo | None = None,
         on: str = "a",
+        keys: tuple[int, ...] = (),
     ) -> str:
         """Enter, then dispatch to replica `on` (the test plays the router)."""
-        path = await self.adm.enter(POOL, tenant, 1.0, band, prompt + 64, prompt, slo or LatencySlo())
+        path = await self.adm.enter(POOL, tenant, 1.0, band, prompt + 64, prompt, slo or LatencySlo(), keys)
         state = self.fleet.snapshot().by_name(on)
         assert state is not None
-        ticket = self.est.predict(state, prompt, self.clock(), 1.0)
+        if keys:  # the ticket joins the replica's KV ledger, as the proxy's does
+            ticket = self.est.predict(state, prompt, self.clock(), 1.0, prompt_tokens=prompt,
+                                      output_tokens=64, prefix_keys=keys)  # fmt: skip
+        else:
+            ticket = self.est.predict(state, prompt, self.clock(), 1.0)
         self.est.dispatched(ticket)
         self.fleet.dispatched(on, prompt + 64)
         self.started.append(label)
@@ -83,6 +89,8 @@ class Harness:
         i = 0 if label is None else next(i for i, t in enumerate(self.tickets) if t[0] == label)
         ticket = self.tickets.pop(i)[3]
         self.est.prefilled(ticket)
+        self.est.started(ticket, self.clock())
+        self.ended.append(ticket)
         self.adm.on_prefilled(POOL)
 
 
@@ -313,3 +321,33 @@ async def test_the_saturation_thresholds_stay_hard_caps() -> None:
     await settle_loop()
     assert h.started == ["r0", "r1"]
     third.cancel()
+
+
+async def test_the_gate_holds_a_request_whose_kv_blocks_are_not_free_and_an_end_releases_it() -> None:
+    # 100 blocks of 16 tokens: a 1,000-token prompt takes 63 blocks, 67 with its 64 output tokens.
+    h = Harness()
+    kv = ReplicaMetrics(running=0, waiting=0, kv_usage=0.1, block_size=16, num_gpu_blocks=100)
+    h.fleet.record_scrape("a", kv)
+    first = tuple(range(62))
+    assert await h.request("r1", keys=first) == "direct"
+    h.first_token()  # prefilled and running: no prefill ahead of the next, but its blocks held
+    # The same prompt shares r1's prefix blocks: it fits beside it and goes.
+    assert await h.request("r1b", keys=first) == "direct"
+    h.first_token()
+    # Another prompt needs 63 blocks of its own: none free until r1 ends, so it waits at kvgate.
+    waiting = asyncio.ensure_future(h.request("r2", keys=tuple(range(100, 162))))
+    await settle_loop()
+    assert h.started == ["r1", "r1b"] and h.adm.depth == 1
+    # The same load without a KV ledger (the tickets hold no blocks) lets it go.
+    plain = Harness()
+    plain.fleet.record_scrape("a", kv)
+    assert await plain.request("p1") == "direct"
+    plain.first_token()
+    assert await plain.request("p2") == "direct"
+    # r1 and r1b end: their blocks are free and their tenant's slots come back; r2 goes.
+    for ticket in h.ended:
+        h.est.ended(ticket)
+        h.fleet.finished("a", ticket.uncached_tokens + 64)
+        h.adm.leave(POOL, "t")
+    await settle_loop()
+    assert h.started[-1] == "r2" and waiting.result() == "queued"

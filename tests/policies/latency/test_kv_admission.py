@@ -237,3 +237,19 @@ def test_the_estimator_s_kv_wait_is_the_ticket_s() -> None:
     assert est.kv_wait_s(state(300), 0, (), 0.01, 1.0) == 0.0  # no prompt: nothing to place
     other = ReplicaState(name="r1", url="http://r1", pool="m", scraped_at=0.0, num_gpu_blocks=10)
     assert est.kv_wait_s(other, 4000, keys, 0.01, 1.0) == 0.0  # nothing sent there: no ledger
+
+
+def test_the_gate_s_ttft_is_the_ticket_s_whole_prompt_ttft_with_its_kv_wait() -> None:
+    """`gate_ttft_s` (what the latency gate reads) is a ticket's TTFT for the whole prompt, its KV
+    wait included: with blocks free, plain `ttft_s`; with none, past the ledger's first end."""
+    est = LatencyEstimator(16)
+    first = est.dispatched(est.predict(state(300), 4000, 0.0, 1.0, prompt_tokens=4000, output_tokens=64))
+    est.prefilled(first)
+    est.started(first, first.ttft_s)
+    keys = tuple(range(250))
+    for blocks in (300, 600, 0):
+        ticket = est.predict(state(blocks), 4000, 0.01, 1.0, prompt_tokens=4000, output_tokens=64,
+                             prefix_keys=keys)  # fmt: skip
+        assert est.gate_ttft_s(state(blocks), 4000, keys, 0.01, 1.0) == ticket.ttft_s
+    assert est.gate_ttft_s(state(600), 4000, keys, 0.01, 1.0) == est.ttft_s(state(600), 4000, 0.01, 1.0)
+    assert est.gate_ttft_s(state(300), 4000, keys, 0.01, 1.0) > first.ttft_s + 63 * first.tpot_s
