@@ -253,3 +253,28 @@ def test_the_gate_s_ttft_is_the_ticket_s_whole_prompt_ttft_with_its_kv_wait() ->
         assert est.gate_ttft_s(state(blocks), 4000, keys, 0.01, 1.0) == ticket.ttft_s
     assert est.gate_ttft_s(state(600), 4000, keys, 0.01, 1.0) == est.ttft_s(state(600), 4000, 0.01, 1.0)
     assert est.gate_ttft_s(state(300), 4000, keys, 0.01, 1.0) > first.ttft_s + 63 * first.tpot_s
+
+
+def test_the_kv_wait_only_adds_to_the_gate_s_ttft() -> None:
+    """The latency gate plays the KV ledger only for replicas within its bound by `ttft_s` alone:
+    that is exact only if `gate_ttft_s` is never below `ttft_s`. Random ledgers, capacities, prompts
+    and times."""
+    rng = random.Random(7)
+    for trial in range(60):
+        est = LatencyEstimator(16)
+        blocks = rng.choice([0, 200, 600, 2000])
+        r = state(blocks)
+        for _ in range(rng.randrange(1, 40)):
+            keys = tuple([rng.randrange(6)] + [rng.randrange(3) for _ in range(rng.randrange(0, 30))])
+            at = rng.uniform(0, 1)
+            ticket = est.predict(r, rng.randrange(0, 3000), at, 1.0, prompt_tokens=rng.randrange(100, 5000),
+                                 output_tokens=rng.randrange(1, 300), prefix_keys=keys)  # fmt: skip
+            ticket = est.dispatched(ticket)
+            if rng.random() < 0.7:
+                est.prefilled(ticket)
+                est.started(ticket, at + rng.uniform(0, 0.2))
+        for _ in range(5):
+            now = rng.uniform(0, 3)
+            prompt = rng.randrange(0, 8000)
+            keys = tuple([rng.randrange(6)] + [rng.randrange(3) for _ in range(rng.randrange(0, 30))])
+            assert est.gate_ttft_s(r, prompt, keys, now, 1.0) >= est.ttft_s(r, prompt, now, 1.0), trial
