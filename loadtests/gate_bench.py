@@ -2,7 +2,9 @@
 wait for free KV blocks played on the replica's KV ledger), over a pool of `--replicas` replicas with
 `--in-flight` requests each (4,352-token prompts of 24 prefix groups, 64 output tokens, most of them
 running), on random ledgers (seed 0): "fits" (2,048 blocks of 16 tokens per in-flight request:
-nothing waits) and "short" (2,048 blocks per replica: the ledger's queue is played).
+nothing waits, and `KvLedger.fits_at_full_length` says so in O(1)), "near" (one block short of what
+that check needs: the new one fits by the tokens not generated yet, found by a pass over the
+ledger) and "short" (2,048 blocks per replica: the ledger's queue is played).
 
     python -m loadtests.gate_bench [--replicas 16] [--in-flight 64]    # best of 5 x 200 passes
 
@@ -51,7 +53,11 @@ def main() -> None:
     p.add_argument("--in-flight", type=int, default=64)
     args = p.parse_args()
     keys = tuple(range(PROMPT // BLOCK))
-    for label, blocks in (("fits", 2048 * args.in_flight), ("short", 2048)):
+    # "near": one block short of what the O(1) check needs (every request in flight at its full
+    # length, and the new one), so the new one fits only by the tokens not generated yet: found by a
+    # pass over the ledger
+    near = -(-(PROMPT + 64) // BLOCK) * args.in_flight + -(-PROMPT // BLOCK) - 1
+    for label, blocks in (("fits", 2048 * args.in_flight), ("near", near), ("short", 2048)):
         est, states = pool(args.replicas, args.in_flight, blocks)
         waits = [est.kv_wait_s(s, PROMPT, keys, 0.5, 1.0) for s in states]
         runs = (

@@ -248,6 +248,8 @@ class LatencyEstimator:
         ledger = self._kv.get(state.name)
         if ledger is None or prompt_tokens <= 0:
             return 0.0, 0
+        if ledger.fits_at_full_length(state.block_size, state.num_gpu_blocks, prompt_tokens):
+            return 0.0, 0  # (the tokens admitted beside it are read only when it waits)
         return ledger.wait_s(
             now, tpot_s, state.block_size, state.num_gpu_blocks, prompt_tokens, prefix_keys,
             model.prefill_s(1.0),

@@ -229,7 +229,7 @@ class KvLedger:
     """kvgate's requests in flight on one replica, as their KV blocks (module docstring). Mutable;
     keyed by the caller's ident (`LatencyEstimator` numbers its tickets)."""
 
-    __slots__ = ("_entries", "_groups", "key_tokens", "step_at", "steps")
+    __slots__ = ("_entries", "_groups", "_most_tokens", "key_tokens", "step_at", "steps")
 
     def __init__(self, key_tokens: int) -> None:
         if key_tokens < 1:
@@ -240,6 +240,7 @@ class KvLedger:
         self._groups: dict[int, tuple[tuple[int, ...], int]] = {}
         self.steps = 0  # steps of the replica seen (`step_seen`)
         self.step_at: float | None = None  # when the last of them ended
+        self._most_tokens = 0  # the entries' prompt + output tokens (`fits_at_full_length`)
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -271,8 +272,10 @@ class KvLedger:
             else:
                 shared = _common_prefix(prefix_keys, known[0]) * self.key_tokens
                 self._groups[group] = (known[0], known[1] + 1)
-        self._entries[ident] = _Entry(prompt_tokens, max(output_tokens, 1), uncached_tokens, first_at,
-                                      False, group, min(shared, prompt_tokens))  # fmt: skip
+        entry = _Entry(prompt_tokens, max(output_tokens, 1), uncached_tokens, first_at, False, group,
+                       min(shared, prompt_tokens))  # fmt: skip
+        self._entries[ident] = entry
+        self._most_tokens += entry.prompt_tokens + entry.output_tokens
 
     def first_token(self, ident: int, at: float) -> None:
         """Request `ident`'s first token came at `at`: it is running, its end dates from `at`."""
@@ -293,13 +296,26 @@ class KvLedger:
     def remove(self, ident: int) -> None:
         """Request `ident` ended (whatever the outcome): its blocks are free. Unknown idents: no-op."""
         entry = self._entries.pop(ident, None)
-        if entry is None or entry.group is None:
+        if entry is None:
+            return
+        self._most_tokens -= entry.prompt_tokens + entry.output_tokens
+        if entry.group is None:
             return
         keys, members = self._groups[entry.group]
         if members <= 1:
             del self._groups[entry.group]
         else:
             self._groups[entry.group] = (keys, members - 1)
+
+    def fits_at_full_length(self, block_size: int, capacity_blocks: int, prompt_tokens: int) -> bool:
+        """True when a new `prompt_tokens` prompt fits beside every request in flight even if each
+        held the blocks of its whole prompt and output cap, no prefix shared: then `wait_s` is 0
+        whatever the time. O(1) (a running sum), against a pass over the ledger for `wait_s`'s own
+        check (~19 us at 64 in flight: docs/benchmarks.md, "The latency gate and the KV blocks")."""
+        if block_size < 1:
+            return False
+        most = (self._most_tokens + len(self._entries) * (block_size - 1)) // block_size
+        return most + -(-prompt_tokens // block_size) <= capacity_blocks
 
     def held(self, now: float, tpot_s: float, block_size: int,
              prefill_s_per_token: float = 0.0) -> tuple[list[Held], list[Held]]:  # fmt: skip

@@ -278,3 +278,29 @@ def test_the_kv_wait_only_adds_to_the_gate_s_ttft() -> None:
             prompt = rng.randrange(0, 8000)
             keys = tuple([rng.randrange(6)] + [rng.randrange(3) for _ in range(rng.randrange(0, 30))])
             assert est.gate_ttft_s(r, prompt, keys, now, 1.0) >= est.ttft_s(r, prompt, now, 1.0), trial
+
+
+def test_a_prompt_that_fits_at_full_length_never_waits() -> None:
+    """`fits_at_full_length` (O(1): every request in flight at its prompt + output cap) may answer
+    for `wait_s` only where `wait_s` is 0; and its running sum follows adds, replacements and
+    removals. Random ledgers, capacities, prompts and times."""
+    rng = random.Random(11)
+    said_fits = 0
+    for _ in range(300):
+        led = KvLedger(16)
+        for ident in range(rng.randrange(0, 30)):
+            keys = [rng.randrange(4)] + [rng.randrange(3) for _ in range(rng.randrange(0, 20))]
+            led.add(rng.randrange(40) if rng.random() < 0.2 else 100 + ident, rng.randrange(1, 3000),
+                    rng.randrange(0, 500), rng.uniform(0, 2), keys, rng.randrange(0, 3000))  # fmt: skip
+            if rng.random() < 0.6:
+                led.first_token(100 + ident, rng.uniform(0, 1))
+            if rng.random() < 0.2:
+                led.remove(100 + rng.randrange(ident + 1))
+        entries = led._entries.values()
+        assert led._most_tokens == sum(e.prompt_tokens + e.output_tokens for e in entries)
+        block, capacity, prompt = rng.choice([1, 16, 32]), rng.randrange(1, 6000), rng.randrange(1, 8000)
+        if led.fits_at_full_length(block, capacity, prompt):
+            said_fits += 1
+            for now in (0.0, 0.5, 3.0):
+                assert led.wait_s(now, 0.01, block, capacity, prompt, (1, 2), 2.5e-5)[0] == 0.0
+    assert said_fits > 30  # the shortcut is taken often enough to be tested
