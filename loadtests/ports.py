@@ -30,9 +30,9 @@ def ephemeral_low(path: Path = _RANGE_FILE) -> int:
         return 32_768
 
 
-def _bindable(port: int, hosts: Sequence[str]) -> bool:
+def _bindable(port: int, hosts: Sequence[str], kind: int = socket.SOCK_STREAM) -> bool:
     for host in hosts:
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        with socket.socket(socket.AF_INET, kind) as s:
             try:
                 s.bind((host, port))
             except OSError:
@@ -40,20 +40,29 @@ def _bindable(port: int, hosts: Sequence[str]) -> bool:
     return True
 
 
-def free_port(host: str = "127.0.0.1", also: Sequence[str] = (), low: int | None = None) -> int:
-    """A port free on `host` and on every address of `also`, below the ephemeral range that starts
-    at `low` (read from the kernel by default)."""
+def free_port(
+    host: str = "127.0.0.1",
+    also: Sequence[str] = (),
+    low: int | None = None,
+    *,
+    udp: bool = False,
+    run: int = 1,
+) -> int:
+    """A port free on `host` and on every address of `also` (for UDP with `udp`), below the
+    ephemeral range that starts at `low` (read from the kernel by default); with `run` > 1, the first
+    of that many consecutive ports all free (a fleet that binds `base_port`, `base_port + 1`, ...)."""
     hosts = (host, *also)
-    top = ephemeral_low() if low is None else low
+    kind = socket.SOCK_DGRAM if udp else socket.SOCK_STREAM
+    top = (ephemeral_low() if low is None else low) - (run - 1)
     if top - FLOOR >= 1_000:
         for _ in range(200):
             port = _rng.randrange(FLOOR, top)
-            if _bindable(port, hosts):
+            if all(_bindable(port + i, hosts, kind) for i in range(run)):
                 return port
     for _ in range(20):  # no room below the ephemeral range (or all taken): the kernel's pick
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        with socket.socket(socket.AF_INET, kind) as s:
             s.bind((host, 0))
             port = int(s.getsockname()[1])
-        if _bindable(port, also):
+        if _bindable(port, also, kind) and all(_bindable(port + i, hosts, kind) for i in range(1, run)):
             return port
     raise RuntimeError(f"no port free on all of {list(hosts)}")

@@ -61,3 +61,38 @@ def test_the_range_is_read_from_the_kernel_or_defaults(tmp_path: Path) -> None:
     f.write_text("nonsense")
     assert ephemeral_low(f) == 32_768
     assert ephemeral_low(tmp_path / "missing") == 32_768
+
+
+def test_a_udp_port_below_the_range_that_binds_for_udp() -> None:
+    low = ephemeral_low()
+    port = free_port(udp=True)
+    if low - FLOOR >= 1_000:
+        assert FLOOR <= port < low
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.bind(("127.0.0.1", port))
+
+
+def test_a_run_of_consecutive_ports_all_free_and_one_in_use_passed_over(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    for _ in range(10):
+        base = free_port(run=3)
+        assert base + 2 < ephemeral_low() or ephemeral_low() - FLOOR < 1_000
+        for port in (base, base + 1, base + 2):
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", port))
+    # The pick's second port is in use: that pick is passed over.
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        taken = held.getsockname()[1]
+        held.listen()
+        asked: list[int] = []
+
+        class Scripted(random.Random):
+            def randrange(self, start: int, stop: int, *_: object) -> int:  # type: ignore[override]
+                asked.append(1)
+                return taken - 1 if len(asked) == 1 else random.randrange(start, stop)
+
+        monkeypatch.setattr(ports, "_rng", Scripted())
+        base = free_port(low=65_535, run=2)
+        assert base != taken - 1 and len(asked) >= 2

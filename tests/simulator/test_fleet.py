@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import asyncio
-import socket
 
 import httpx
 import pytest
 
+from loadtests.ports import free_port
 from simulator.fleet import SimFleet
 from simulator.server.faults import FaultConfig
 
@@ -21,24 +21,11 @@ async def test_replicas_serve_on_their_own_ports() -> None:
         assert fleet.replica(2).stats.num_running == 0
 
 
-def _free_pair() -> int:
-    """A port whose next one was free too a moment ago."""
-    while True:
-        with socket.socket() as probe, socket.socket() as second:
-            probe.bind(("127.0.0.1", 0))
-            base = int(probe.getsockname()[1])
-            try:
-                second.bind(("127.0.0.1", base + 1))
-            except OSError:
-                continue
-            return base
-
-
 async def test_base_port_gives_consecutive_ports() -> None:
     # Another process may take a probed port before the fleet binds it: probe again (a few times,
     # rather than skipping the test the first time it happens).
     for _ in range(10):
-        base = _free_pair()
+        base = free_port(run=2)  # two consecutive ports, below the ephemeral range
         fleet = SimFleet(replicas=2, base_port=base)
         try:
             await fleet.start()

@@ -9,7 +9,6 @@ to the file (or to DNS) must be in the fleet after the first poll that follows t
 from __future__ import annotations
 
 import os
-import socket
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,6 +18,7 @@ import yaml
 from dnslib import AAAA, QTYPE, RCODE, RR, A, DNSRecord
 from dnslib.server import BaseResolver, DNSHandler, DNSServer
 
+from loadtests.ports import free_port
 from simulator.fleet import SimFleet
 from tests.gateway.discovery.helpers import Kvgate, chat, kvgate, pods, until
 from tests.gateway.stack import MODEL
@@ -143,16 +143,10 @@ class Zone(BaseResolver):  # type: ignore[misc]
         return reply
 
 
-def free_udp_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture
 def dns_server() -> Iterator[tuple[Zone, int, DNSServer]]:
     zone = Zone()
-    port = free_udp_port()
+    port = free_port(udp=True)  # below the ephemeral range: no outgoing socket takes it meanwhile
     server = DNSServer(zone, address="127.0.0.1", port=port)
     server.start_thread()
     try:
