@@ -109,7 +109,7 @@ class LatencyGate:
                 # Over it, the wait could only add, and the play is the costly part (~0.1 ms a
                 # replica short of blocks at 64 in flight: docs/benchmarks.md, "The latency gate
                 # and the KV blocks"); the drain there is then the queue's alone, a lower bound.
-                predicted = est.gate_ttft_s(r, tokens, prefix_keys, now, stale)
+                predicted = est.gate_ttft_s(r, tokens, prefix_keys, now, stale, predicted)
             tpot = est.tpot_s(r, now, stale) if slo.tpot_s is not None else 0.0
             room += replica_room(predicted, unloaded, est.prefill_s(r, tokens), knee, slo, tpot)
             drain = min(drain, excess_s(predicted, unloaded, knee, slo))

@@ -212,21 +212,20 @@ class LatencyEstimator:
 
     def gate_ttft_s(
         self, state: ReplicaState, prompt_tokens: int, prefix_keys: tuple[int, ...], now: float,
-        stale_after_s: float,
+        stale_after_s: float, ttft: float | None = None,
     ) -> float:  # fmt: skip
         """`ttft_s` of a whole `prompt_tokens` prompt, its wait for free KV blocks included as a
-        ticket's is (`predict`): what the latency gate prices a request at on `state`'s replica."""
-        model = self._models.get(state.name) or self.model(state.name, state.pool)
-        fresh = state.scraped_at is not None and now - state.scraped_at <= stale_after_s
-        batch = model.batch_kv_tokens(state, fresh)
-        ahead = model.tokens_ahead(state, fresh, now)  # first: lets what is due leave the ledger
-        wait = model.wait_s(batch, now, model.in_step_tokens(state, fresh))
-        ttft = model.ttft_s(ahead, prompt_tokens, batch, wait)
+        ticket's is (`predict`): what the latency gate prices a request at on `state`'s replica.
+        `ttft`: that `ttft_s`, when the caller has just worked it out (not worked out again)."""
+        if ttft is None:
+            ttft = self.ttft_s(state, prompt_tokens, now, stale_after_s)
         if prompt_tokens <= 0 or state.name not in self._kv:
             return ttft
-        tpot = model.tpot_s(batch)
-        return self._with_kv_wait(state, model, ttft, prompt_tokens, batch, tpot, prompt_tokens,
-                                  prefix_keys, now)[1]  # fmt: skip
+        model = self.model(state.name, state.pool)
+        fresh = state.scraped_at is not None and now - state.scraped_at <= stale_after_s
+        batch = model.batch_kv_tokens(state, fresh)
+        return self._with_kv_wait(state, model, ttft, prompt_tokens, batch, model.tpot_s(batch),
+                                  prompt_tokens, prefix_keys, now)[1]  # fmt: skip
 
     def _with_kv_wait(self, state: ReplicaState, model: ReplicaLatencyModel, ttft: float, uncached: int,
                       batch: float, tpot_s: float, prompt_tokens: int, prefix_keys: tuple[int, ...],

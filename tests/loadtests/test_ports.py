@@ -13,6 +13,20 @@ from loadtests import ports
 from loadtests.ports import FLOOR, ephemeral_low, free_port
 
 
+def scripted_picks(monkeypatch: pytest.MonkeyPatch, first: list[int]) -> list[int]:
+    """Make free_port's random picks `first`, then real ones; returns the list of picks made."""
+    asked: list[int] = []
+
+    class Scripted(random.Random):
+        def randrange(self, start: int, stop: int, *_: object) -> int:  # type: ignore[override]
+            pick = first[len(asked)] if len(asked) < len(first) else random.randrange(start, stop)
+            asked.append(pick)
+            return pick
+
+    monkeypatch.setattr(ports, "_rng", Scripted())
+    return asked
+
+
 def test_a_port_below_the_ephemeral_range_that_binds() -> None:
     low = ephemeral_low()
     for _ in range(20):
@@ -28,14 +42,7 @@ def test_a_port_in_use_is_passed_over(monkeypatch: pytest.MonkeyPatch) -> None:
         held.bind(("127.0.0.1", 0))
         taken = held.getsockname()[1]
         held.listen()
-        asked: list[int] = []
-
-        class Scripted(random.Random):
-            def randrange(self, start: int, stop: int, *_: object) -> int:  # type: ignore[override]
-                asked.append(1)  # the first two picks are the port in use, then real ones
-                return taken if len(asked) <= 2 else random.randrange(start, stop)
-
-        monkeypatch.setattr(ports, "_rng", Scripted())
+        asked = scripted_picks(monkeypatch, [taken, taken])  # the port in use twice, then real ones
         port = free_port(low=65_535)
         assert port != taken and len(asked) >= 3
 
@@ -86,13 +93,6 @@ def test_a_run_of_consecutive_ports_all_free_and_one_in_use_passed_over(
         held.bind(("127.0.0.1", 0))
         taken = held.getsockname()[1]
         held.listen()
-        asked: list[int] = []
-
-        class Scripted(random.Random):
-            def randrange(self, start: int, stop: int, *_: object) -> int:  # type: ignore[override]
-                asked.append(1)
-                return taken - 1 if len(asked) == 1 else random.randrange(start, stop)
-
-        monkeypatch.setattr(ports, "_rng", Scripted())
+        asked = scripted_picks(monkeypatch, [taken - 1])
         base = free_port(low=65_535, run=2)
         assert base != taken - 1 and len(asked) >= 2

@@ -222,8 +222,10 @@ def test_blocks_held_match_a_count_by_hand_as_requests_come_and_go() -> None:
         assert wait(0.0, requests, new, capacity) == pytest.approx(expected)
 
 
-def test_the_estimator_s_kv_wait_is_the_ticket_s() -> None:
-    """`kv_wait_s` (what the scorer reads) plays the same ledger as a ticket's prediction."""
+def test_the_scorer_s_kv_wait_and_the_gate_s_ttft_are_the_ticket_s() -> None:
+    """`kv_wait_s` (what the scorer reads) plays the same ledger as a ticket's prediction, and
+    `gate_ttft_s` (what the latency gate reads) is a ticket's TTFT for the whole prompt, its KV wait
+    included: with blocks free, plain `ttft_s`; with none, past the ledger's first end."""
     est = LatencyEstimator(16)
     first = est.dispatched(est.predict(state(300), 4000, 0.0, 1.0, prompt_tokens=4000, output_tokens=64))
     est.prefilled(first)
@@ -233,26 +235,15 @@ def test_the_estimator_s_kv_wait_is_the_ticket_s() -> None:
         ticket = est.predict(state(blocks), 4000, 0.01, 1.0, prompt_tokens=4000, output_tokens=64,
                              prefix_keys=keys)  # fmt: skip
         assert est.kv_wait_s(state(blocks), 4000, keys, 0.01, 1.0) == ticket.kv_wait_s
+        assert est.gate_ttft_s(state(blocks), 4000, keys, 0.01, 1.0) == ticket.ttft_s
+        plain = est.ttft_s(state(blocks), 4000, 0.01, 1.0)  # the gate passes it: the same answer
+        assert est.gate_ttft_s(state(blocks), 4000, keys, 0.01, 1.0, plain) == ticket.ttft_s
     assert est.kv_wait_s(state(300), 4000, keys, 0.01, 1.0) > 0.0
     assert est.kv_wait_s(state(300), 0, (), 0.01, 1.0) == 0.0  # no prompt: nothing to place
-    other = ReplicaState(name="r1", url="http://r1", pool="m", scraped_at=0.0, num_gpu_blocks=10)
-    assert est.kv_wait_s(other, 4000, keys, 0.01, 1.0) == 0.0  # nothing sent there: no ledger
-
-
-def test_the_gate_s_ttft_is_the_ticket_s_whole_prompt_ttft_with_its_kv_wait() -> None:
-    """`gate_ttft_s` (what the latency gate reads) is a ticket's TTFT for the whole prompt, its KV
-    wait included: with blocks free, plain `ttft_s`; with none, past the ledger's first end."""
-    est = LatencyEstimator(16)
-    first = est.dispatched(est.predict(state(300), 4000, 0.0, 1.0, prompt_tokens=4000, output_tokens=64))
-    est.prefilled(first)
-    est.started(first, first.ttft_s)
-    keys = tuple(range(250))
-    for blocks in (300, 600, 0):
-        ticket = est.predict(state(blocks), 4000, 0.01, 1.0, prompt_tokens=4000, output_tokens=64,
-                             prefix_keys=keys)  # fmt: skip
-        assert est.gate_ttft_s(state(blocks), 4000, keys, 0.01, 1.0) == ticket.ttft_s
     assert est.gate_ttft_s(state(600), 4000, keys, 0.01, 1.0) == est.ttft_s(state(600), 4000, 0.01, 1.0)
     assert est.gate_ttft_s(state(300), 4000, keys, 0.01, 1.0) > first.ttft_s + 63 * first.tpot_s
+    other = ReplicaState(name="r1", url="http://r1", pool="m", scraped_at=0.0, num_gpu_blocks=10)
+    assert est.kv_wait_s(other, 4000, keys, 0.01, 1.0) == 0.0  # nothing sent there: no ledger
 
 
 def test_the_kv_wait_only_adds_to_the_gate_s_ttft() -> None:
