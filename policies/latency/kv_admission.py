@@ -45,6 +45,7 @@ O(n log n); it is made once per dispatch (the ticket), not per routing candidate
 from __future__ import annotations
 
 import heapq
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -72,8 +73,7 @@ class Held(NamedTuple):
 def held_blocks(requests: Sequence[Held]) -> int:
     """Blocks `requests` hold together: each group's shared prefix counted once (module docstring)."""
     pool = _Pool()
-    for r in requests:
-        pool.add(r)
+    pool.add_all(requests)
     return pool.total
 
 
@@ -96,6 +96,29 @@ class _Pool:
         known = self._groups.get(r.group)
         top = known[1] if known is not None else 0
         return self.total + r.blocks - r.shared + (r.shared - top if r.shared > top else 0)
+
+    def add_all(self, requests: Sequence[Held]) -> None:
+        """`add` each of `requests` (one loop, not a call per request: a play adds every running
+        request of its replica)."""
+        private, shared_total, groups = self._private, self._shared, self._groups
+        for r in requests:
+            group, shared = r.group, r.shared
+            if group is None or shared <= 0:
+                private += r.blocks
+                continue
+            private += r.blocks - shared
+            known = groups.get(group)
+            if known is None:
+                groups[group] = ({shared: 1}, shared)
+                shared_total += shared
+                continue
+            counts, top = known
+            counts[shared] = counts.get(shared, 0) + 1
+            if shared > top:
+                shared_total += shared - top
+                groups[group] = (counts, shared)
+        self._private, self._shared = private, shared_total
+        self.total = private + shared_total
 
     def add(self, r: Held) -> None:
         if r.group is None or r.shared <= 0:
@@ -132,8 +155,9 @@ class _Pool:
 
 
 def admission_wait_s(
-    now: float, running: Sequence[Held], queued: Sequence[Held], new: Held, capacity_blocks: int
-) -> tuple[float, int]:
+    now: float, running: Sequence[Held], queued: Sequence[Held], new: Held, capacity_blocks: int,
+    limit_s: float = math.inf,
+) -> tuple[float, int]:  # fmt: skip
     """When `new`, queued behind `queued` (FCFS, in that order), is admitted on a replica of
     `capacity_blocks` blocks where `running` hold theirs: (seconds from `now`, the prefill tokens of
     the queued requests admitted at the same instant, which share its first steps).
@@ -141,12 +165,16 @@ def admission_wait_s(
     The engine's queue played forward: the head is admitted as soon as it fits beside what is held
     (then it holds its blocks for its `duration`), else the earliest end frees its blocks. A request
     that does not fit even alone is admitted once nothing else is held. (0, 0) when
-    `capacity_blocks` is unknown (<= 0)."""
+    `capacity_blocks` is unknown (<= 0).
+
+    `limit_s`: a caller that only needs to know whether the wait is over it gets, as soon as the play
+    passes it, (a wait over `limit_s` but no more than the true one, 0) instead of the rest of the
+    play (the latency gate: a replica that far off takes nothing and cannot have the pool's least
+    drain)."""
     if capacity_blocks <= 0:
         return 0.0, 0
     pool = _Pool()
-    for r in running:
-        pool.add(r)
+    pool.add_all(running)
     # Until something does not fit, every request is admitted at `now` and nothing ends: the heap of
     # ends is built only then (its pops are ordered by the unique (end, order) keys, so building it
     # late pops them in the same order as pushing them one by one).
@@ -165,6 +193,8 @@ def admission_wait_s(
             pool.remove(done)
             if end > t:
                 t = end
+                if t - now > limit_s:
+                    return t - now, 0
         if r is new:
             return t - now, batch_tokens if batch_at == t else 0
         if batch_at != t:
@@ -352,9 +382,10 @@ class KvLedger:
 
     def wait_s(self, now: float, tpot_s: float, block_size: int, capacity_blocks: int,
                prompt_tokens: int, prefix_keys: Sequence[int] = (),
-               prefill_s_per_token: float = 0.0) -> tuple[float, int]:  # fmt: skip
+               prefill_s_per_token: float = 0.0, limit_s: float = math.inf) -> tuple[float, int]:  # fmt: skip
         """`admission_wait_s` of a new `prompt_tokens` prompt with `prefix_keys` behind this ledger's
-        requests, on a replica of `capacity_blocks` blocks of `block_size` tokens."""
+        requests, on a replica of `capacity_blocks` blocks of `block_size` tokens (cut short past
+        `limit_s`, as there)."""
         if capacity_blocks <= 0 or block_size < 1 or not self._entries:
             return 0.0, 0
         group = prefix_keys[0] if prefix_keys else None
@@ -367,7 +398,7 @@ class KvLedger:
             return 0.0, fits
         new = Held(now, -(-prompt_tokens // block_size), group, shared)
         running, queued = self.held(now, tpot_s, block_size, prefill_s_per_token)
-        return admission_wait_s(now, running, queued, new, capacity_blocks)
+        return admission_wait_s(now, running, queued, new, capacity_blocks, limit_s)
 
     def _all_fit(self, now: float, tpot_s: float, block_size: int, capacity_blocks: int,
                  new_blocks: int, new_group: int | None, new_shared: int) -> int | None:  # fmt: skip

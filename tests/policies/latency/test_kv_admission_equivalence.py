@@ -134,3 +134,26 @@ def test_admission_wait_s_answers_as_the_reference_play(
     q = [_held(x) for x in queued]
     n = _held(new)
     assert admission_wait_s(0.0, r, q, n, capacity) == reference_admission_wait_s(0.0, r, q, n, capacity)
+
+
+@settings(max_examples=400, deadline=None)
+@given(requests=st.lists(running_or_queued, max_size=40), removed=st.lists(st.integers(0, 39), max_size=40))
+def test_a_pool_filled_at_once_is_the_pool_filled_one_by_one(
+    requests: list[tuple[float, int, int | None, int, float, int]], removed: list[int]
+) -> None:
+    """`_Pool.add_all` (a play's running requests, in one loop) leaves the pool `add` would, one
+    request at a time, and removals from either agree after it."""
+    held = [_held(x) for x in requests]
+    at_once, one_by_one = _Pool(), _Pool()
+    at_once.add_all(held)
+    for r in held:
+        one_by_one.add(r)
+    assert at_once.total == one_by_one.total and at_once._groups == one_by_one._groups
+    left = list(held)
+    for i in removed:
+        if not left:
+            break
+        r = left.pop(i % len(left))
+        at_once.remove(r)
+        one_by_one.remove(r)
+        assert at_once.total == one_by_one.total and at_once._groups == one_by_one._groups
