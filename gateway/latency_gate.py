@@ -104,12 +104,16 @@ class LatencyGate:
                 continue
             predicted = est.ttft_s(r, tokens, now, stale)
             unloaded = est.unloaded_ttft_s(r, tokens)
-            if predicted <= ttft_bound_s(unloaded, knee, slo.ttft_s):
+            bound = ttft_bound_s(unloaded, knee, slo.ttft_s)
+            if predicted <= bound:
                 # Within the bound before its wait for KV blocks: play the ledger for that wait.
                 # Over it, the wait could only add, and the play is the costly part (~0.1 ms a
                 # replica short of blocks at 64 in flight: docs/benchmarks.md, "The latency gate
                 # and the KV blocks"); the drain there is then the queue's alone, a lower bound.
-                predicted = est.gate_ttft_s(r, tokens, prefix_keys, now, stale, predicted)
+                # The play stops once the price passes the bound by the least drain so far: then
+                # the replica takes nothing and cannot lower the pool's drain, so both come out
+                # as a whole play would make them.
+                predicted = est.gate_ttft_s(r, tokens, prefix_keys, now, stale, predicted, bound + drain)
             tpot = est.tpot_s(r, now, stale) if slo.tpot_s is not None else 0.0
             room += replica_room(predicted, unloaded, est.prefill_s(r, tokens), knee, slo, tpot)
             drain = min(drain, excess_s(predicted, unloaded, knee, slo))

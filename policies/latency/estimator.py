@@ -26,6 +26,7 @@ single-threaded: the caller passes `now` and owns the instance.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from types import MappingProxyType
@@ -212,11 +213,14 @@ class LatencyEstimator:
 
     def gate_ttft_s(
         self, state: ReplicaState, prompt_tokens: int, prefix_keys: tuple[int, ...], now: float,
-        stale_after_s: float, ttft: float | None = None,
+        stale_after_s: float, ttft: float | None = None, limit_s: float = math.inf,
     ) -> float:  # fmt: skip
         """`ttft_s` of a whole `prompt_tokens` prompt, its wait for free KV blocks included as a
         ticket's is (`predict`): what the latency gate prices a request at on `state`'s replica.
-        `ttft`: that `ttft_s`, when the caller has just worked it out (not worked out again)."""
+        `ttft`: that `ttft_s`, when the caller has just worked it out (not worked out again).
+        `limit_s`: a caller that only needs to know whether the price is over it; once the wait for
+        blocks passes it, the play stops there and the price returned is over `limit_s` but may be
+        under the whole play's (`kv_admission.admission_wait_s`)."""
         if ttft is None:
             ttft = self.ttft_s(state, prompt_tokens, now, stale_after_s)
         if prompt_tokens <= 0 or state.name not in self._kv:
@@ -225,15 +229,15 @@ class LatencyEstimator:
         fresh = state.scraped_at is not None and now - state.scraped_at <= stale_after_s
         batch = model.batch_kv_tokens(state, fresh)
         return self._with_kv_wait(state, model, ttft, prompt_tokens, batch, model.tpot_s(batch),
-                                  prompt_tokens, prefix_keys, now)[1]  # fmt: skip
+                                  prompt_tokens, prefix_keys, now, limit_s)[1]  # fmt: skip
 
     def _with_kv_wait(self, state: ReplicaState, model: ReplicaLatencyModel, ttft: float, uncached: int,
                       batch: float, tpot_s: float, prompt_tokens: int, prefix_keys: tuple[int, ...],
-                      now: float) -> tuple[float, float]:  # fmt: skip
+                      now: float, limit_s: float = math.inf) -> tuple[float, float]:  # fmt: skip
         """(the wait for free KV blocks, `ttft` with it): once blocks are free the request is admitted,
         its prefill then shares steps with the requests admitted at that instant, and no step is under
         way for it to wait for."""
-        kv_wait, with_tokens = self._kv_play(state, model, tpot_s, prompt_tokens, prefix_keys, now)
+        kv_wait, with_tokens = self._kv_play(state, model, tpot_s, prompt_tokens, prefix_keys, now, limit_s)
         if kv_wait > 0:
             later = model.ttft_s(float(with_tokens), uncached, batch, 0.0)
             if kv_wait + later > ttft:
@@ -241,9 +245,10 @@ class LatencyEstimator:
         return kv_wait, ttft
 
     def _kv_play(self, state: ReplicaState, model: ReplicaLatencyModel, tpot_s: float, prompt_tokens: int,
-                 prefix_keys: tuple[int, ...], now: float) -> tuple[float, int]:  # fmt: skip
+                 prefix_keys: tuple[int, ...], now: float,
+                 limit_s: float = math.inf) -> tuple[float, int]:  # fmt: skip
         """(wait for free KV blocks, prefill tokens admitted beside it) on `state`'s replica; (0, 0)
-        without a ledger there or a prompt."""
+        without a ledger there or a prompt. Cut short past `limit_s` (`KvLedger.wait_s`)."""
         ledger = self._kv.get(state.name)
         if ledger is None or prompt_tokens <= 0:
             return 0.0, 0
@@ -251,7 +256,7 @@ class LatencyEstimator:
             return 0.0, 0  # (the tokens admitted beside it are read only when it waits)
         return ledger.wait_s(
             now, tpot_s, state.block_size, state.num_gpu_blocks, prompt_tokens, prefix_keys,
-            model.prefill_s(1.0),
+            model.prefill_s(1.0), limit_s,
         )  # fmt: skip
 
     def prefill_s(self, state: ReplicaState, uncached: int) -> float:

@@ -45,6 +45,7 @@ O(n log n); it is made once per dispatch (the ticket), not per routing candidate
 from __future__ import annotations
 
 import heapq
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -72,8 +73,7 @@ class Held(NamedTuple):
 def held_blocks(requests: Sequence[Held]) -> int:
     """Blocks `requests` hold together: each group's shared prefix counted once (module docstring)."""
     pool = _Pool()
-    for r in requests:
-        pool.add(r)
+    pool.add_all(requests)
     return pool.total
 
 
@@ -97,6 +97,29 @@ class _Pool:
         top = known[1] if known is not None else 0
         return self.total + r.blocks - r.shared + (r.shared - top if r.shared > top else 0)
 
+    def add_all(self, requests: Sequence[Held]) -> None:
+        """`add` each of `requests` (one loop, not a call per request: a play adds every running
+        request of its replica)."""
+        private, shared_total, groups = self._private, self._shared, self._groups
+        for r in requests:
+            group, shared = r.group, r.shared
+            if group is None or shared <= 0:
+                private += r.blocks
+                continue
+            private += r.blocks - shared
+            known = groups.get(group)
+            if known is None:
+                groups[group] = ({shared: 1}, shared)
+                shared_total += shared
+                continue
+            counts, top = known
+            counts[shared] = counts.get(shared, 0) + 1
+            if shared > top:
+                shared_total += shared - top
+                groups[group] = (counts, shared)
+        self._private, self._shared = private, shared_total
+        self.total = private + shared_total
+
     def add(self, r: Held) -> None:
         if r.group is None or r.shared <= 0:
             self._private += r.blocks
@@ -110,30 +133,60 @@ class _Pool:
             self._groups[r.group] = (counts, top)
         self.total = self._private + self._shared
 
-    def remove(self, r: Held) -> None:
-        if r.group is None or r.shared <= 0:
-            self._private -= r.blocks
-        else:
-            self._private -= r.blocks - r.shared
-            counts, top = self._groups[r.group]
-            left = counts[r.shared] - 1
-            if left:
-                counts[r.shared] = left
+    def free_until_fits(
+        self, r: Held, capacity_blocks: int, ends: list[tuple[float, int, Held]], t: float, now: float,
+        limit_s: float,
+    ) -> float:  # fmt: skip
+        """Pop `ends` (a heap of (end, order, request) of requests in the pool) earliest first and
+        take each out of the pool until `r` fits beside what is left (`with_`) or `ends` is empty;
+        return the time the last one popped ends, or `t` if later. Stops early once that is more
+        than `limit_s` after `now`. One loop, `with_` inlined: a play pops up to every request of
+        its replica."""
+        private, shared_total, groups = self._private, self._shared, self._groups
+        group, shared, blocks = r.group, r.shared, r.blocks
+        if shared <= 0:
+            group = None
+        pop = heapq.heappop
+        while ends:
+            total = private + shared_total + blocks
+            if group is not None:
+                known = groups.get(group)
+                top = known[1] if known is not None else 0
+                total -= shared - (shared - top if shared > top else 0)
+            if total <= capacity_blocks:
+                break
+            end, _, done = pop(ends)
+            d_group, d_shared = done.group, done.shared
+            if d_group is None or d_shared <= 0:
+                private -= done.blocks
             else:
-                del counts[r.shared]
-            if not counts:
-                del self._groups[r.group]
-                self._shared -= top
-            elif r.shared == top and not left:
-                new_top = max(counts)
-                self._shared -= top - new_top
-                self._groups[r.group] = (counts, new_top)
-        self.total = self._private + self._shared
+                private -= done.blocks - d_shared
+                counts, top = groups[d_group]
+                left = counts[d_shared] - 1
+                if left:
+                    counts[d_shared] = left
+                else:
+                    del counts[d_shared]
+                if not counts:
+                    del groups[d_group]
+                    shared_total -= top
+                elif d_shared == top and not left:
+                    new_top = max(counts)
+                    shared_total -= top - new_top
+                    groups[d_group] = (counts, new_top)
+            if end > t:
+                t = end
+                if t - now > limit_s:
+                    break
+        self._private, self._shared = private, shared_total
+        self.total = private + shared_total
+        return t
 
 
 def admission_wait_s(
-    now: float, running: Sequence[Held], queued: Sequence[Held], new: Held, capacity_blocks: int
-) -> tuple[float, int]:
+    now: float, running: Sequence[Held], queued: Sequence[Held], new: Held, capacity_blocks: int,
+    limit_s: float = math.inf,
+) -> tuple[float, int]:  # fmt: skip
     """When `new`, queued behind `queued` (FCFS, in that order), is admitted on a replica of
     `capacity_blocks` blocks where `running` hold theirs: (seconds from `now`, the prefill tokens of
     the queued requests admitted at the same instant, which share its first steps).
@@ -141,12 +194,16 @@ def admission_wait_s(
     The engine's queue played forward: the head is admitted as soon as it fits beside what is held
     (then it holds its blocks for its `duration`), else the earliest end frees its blocks. A request
     that does not fit even alone is admitted once nothing else is held. (0, 0) when
-    `capacity_blocks` is unknown (<= 0)."""
+    `capacity_blocks` is unknown (<= 0).
+
+    `limit_s`: a caller that only needs to know whether the wait is over it gets, as soon as the play
+    passes it, (a wait over `limit_s` but no more than the true one, 0) instead of the rest of the
+    play (the latency gate: a replica that far off takes nothing and cannot have the pool's least
+    drain)."""
     if capacity_blocks <= 0:
         return 0.0, 0
     pool = _Pool()
-    for r in running:
-        pool.add(r)
+    pool.add_all(running)
     # Until something does not fit, every request is admitted at `now` and nothing ends: the heap of
     # ends is built only then (its pops are ordered by the unique (end, order) keys, so building it
     # late pops them in the same order as pushing them one by one).
@@ -160,11 +217,10 @@ def admission_wait_s(
             ends = [(h.end_at, i, h) for i, h in enumerate(running)]
             ends += [(now + h.duration, len(running) + 1 + j, h) for j, h in enumerate(admitted)]
             heapq.heapify(ends)
-        while ends and pool.with_(r) > capacity_blocks:
-            end, _, done = heapq.heappop(ends)
-            pool.remove(done)
-            if end > t:
-                t = end
+        if ends:
+            t = pool.free_until_fits(r, capacity_blocks, ends, t, now, limit_s)
+            if t - now > limit_s:
+                return t - now, 0
         if r is new:
             return t - now, batch_tokens if batch_at == t else 0
         if batch_at != t:
@@ -209,7 +265,8 @@ def _generated(e: _Entry, now: float, tpot_s: float, steps: int) -> int:
 def _blocks_now(e: _Entry, now: float, tpot_s: float, block_size: int, steps: int) -> int:
     """The blocks `e` holds at `now` (its prompt's while queued; with the tokens generated by now once
     its first token came), or -1 when it is lost: its predicted end (first token + output tokens x
-    `tpot_s`) passed more than `LOST_AFTER_S` ago. One rule for `KvLedger.held` and its fast path."""
+    `tpot_s`) passed more than `LOST_AFTER_S` ago. One rule for `KvLedger.held` (inlined there) and
+    its fast path."""
     if e.first_at + e.output_tokens * tpot_s + LOST_AFTER_S < now:
         return -1
     if not e.observed:
@@ -329,32 +386,47 @@ class KvLedger:
         running: list[Held] = []
         queued: list[Held] = []
         lost: list[int] = []
+        steps, step_at = self.steps, self.step_at
+        # `_blocks_now` and `_generated` inlined (one read builds a `Held` per request in flight);
+        # tests/policies/latency/test_kv_admission_equivalence.py holds this to the plain calls
         for ident, e in self._entries.items():
-            shared = e.shared_tokens // block_size
-            decode = e.output_tokens * tpot_s
-            blocks = _blocks_now(e, now, tpot_s, block_size, self.steps)
-            if blocks < 0:
+            out = e.output_tokens
+            decode = out * tpot_s
+            if e.first_at + decode + LOST_AFTER_S < now:
                 lost.append(ident)
-            elif not e.observed:
+                continue
+            shared = e.shared_tokens // block_size
+            if not e.observed:
                 duration = e.uncached_tokens * prefill_s_per_token + decode
-                queued.append(Held(now, blocks, e.group, shared, duration, e.uncached_tokens))
-            elif e.first_step is not None and self.step_at is not None:
+                queued.append(Held(now, -(-e.prompt_tokens // block_size), e.group, shared, duration,
+                                   e.uncached_tokens))  # fmt: skip
+                continue
+            first_step = e.first_step
+            if first_step is not None:
+                generated = 1 + steps - first_step
+            elif now > e.first_at and tpot_s > 0:
+                generated = int((now - e.first_at) / tpot_s) + 1
+            else:
+                generated = 0
+            if generated > out:
+                generated = out
+            blocks = -(-(e.prompt_tokens + generated) // block_size)
+            if first_step is not None and step_at is not None:
                 # its remaining output tokens, one per step from the last step seen
-                left = e.output_tokens - _generated(e, now, tpot_s, self.steps)
-                end = self.step_at + left * tpot_s
-                running.append(Held(end if end > now else now, blocks, e.group, shared))
+                end = step_at + (out - generated) * tpot_s
             else:
                 end = e.first_at + decode
-                running.append(Held(end if end > now else now, blocks, e.group, shared))
+            running.append(Held(end if end > now else now, blocks, e.group, shared))
         for ident in lost:
             self.remove(ident)
         return running, queued
 
     def wait_s(self, now: float, tpot_s: float, block_size: int, capacity_blocks: int,
                prompt_tokens: int, prefix_keys: Sequence[int] = (),
-               prefill_s_per_token: float = 0.0) -> tuple[float, int]:  # fmt: skip
+               prefill_s_per_token: float = 0.0, limit_s: float = math.inf) -> tuple[float, int]:  # fmt: skip
         """`admission_wait_s` of a new `prompt_tokens` prompt with `prefix_keys` behind this ledger's
-        requests, on a replica of `capacity_blocks` blocks of `block_size` tokens."""
+        requests, on a replica of `capacity_blocks` blocks of `block_size` tokens (cut short past
+        `limit_s`, as there)."""
         if capacity_blocks <= 0 or block_size < 1 or not self._entries:
             return 0.0, 0
         group = prefix_keys[0] if prefix_keys else None
@@ -367,7 +439,7 @@ class KvLedger:
             return 0.0, fits
         new = Held(now, -(-prompt_tokens // block_size), group, shared)
         running, queued = self.held(now, tpot_s, block_size, prefill_s_per_token)
-        return admission_wait_s(now, running, queued, new, capacity_blocks)
+        return admission_wait_s(now, running, queued, new, capacity_blocks, limit_s)
 
     def _all_fit(self, now: float, tpot_s: float, block_size: int, capacity_blocks: int,
                  new_blocks: int, new_group: int | None, new_shared: int) -> int | None:  # fmt: skip

@@ -295,3 +295,94 @@ def test_a_prompt_that_fits_at_full_length_never_waits() -> None:
             for now in (0.0, 0.5, 3.0):
                 assert led.wait_s(now, 0.01, block, capacity, prompt, (1, 2), 2.5e-5)[0] == 0.0
     assert said_fits > 30  # the shortcut is taken often enough to be tested
+
+
+def test_a_play_cut_at_a_limit_is_over_it_and_not_over_the_whole_play() -> None:
+    """`limit_s`: a wait within the limit comes out as the whole play's (with its tokens admitted
+    beside it); one over it comes out over the limit, at most the whole play's. Random queues,
+    running requests, groups and limits; the cut is taken often enough to be tested."""
+    rng = random.Random(13)
+    cut = 0
+    for _ in range(400):
+        now = rng.uniform(0, 2)
+
+        def held(queued: bool, now: float = now) -> Held:
+            group = rng.choice([None, 1, 2, 3])
+            blocks = rng.randrange(1, 200)
+            shared = rng.randrange(0, blocks) if group is not None else 0
+            if queued:
+                return Held(now, blocks, group, shared, rng.uniform(0.01, 2), rng.randrange(0, 3000))
+            return Held(now + rng.uniform(0, 3), blocks, group, shared)
+
+        running = [held(False) for _ in range(rng.randrange(0, 30))]
+        queued = [held(True) for _ in range(rng.randrange(0, 10))]
+        new = held(True)
+        capacity = rng.randrange(50, 2000)
+        whole = admission_wait_s(now, running, queued, new, capacity)
+        limit = rng.uniform(0, 4)
+        got = admission_wait_s(now, running, queued, new, capacity, limit)
+        if whole[0] <= limit:
+            assert got == whole
+        else:
+            cut += got != whole
+            assert limit < got[0] <= whole[0]
+    assert cut > 40
+
+
+def test_the_gate_s_room_and_drain_are_a_whole_play_s() -> None:
+    """The latency gate cuts each replica's play at its bound plus the least drain so far; the room
+    and the drain it reports are the same as with whole plays. Random ledgers on pools of replicas,
+    most of them short of blocks."""
+    from types import SimpleNamespace
+
+    from gateway.config import FlowControlConfig
+    from gateway.latency_gate import LatencyGate
+    from policies.latency_admission import LatencySlo
+    from policies.saturation import SaturationThresholds
+
+    class WholePlays(LatencyEstimator):
+        def gate_ttft_s(self, state: ReplicaState, prompt_tokens: int, prefix_keys: tuple[int, ...],
+                        now: float, stale_after_s: float, ttft: float | None = None,
+                        limit_s: float = float("inf")) -> float:  # fmt: skip
+            return super().gate_ttft_s(state, prompt_tokens, prefix_keys, now, stale_after_s, ttft)
+
+    thr = SaturationThresholds(max_waiting_per_replica=10_000, max_kv_usage=1.0,
+                               max_in_flight_per_replica=10_000, stale_after_s=100.0)  # fmt: skip
+    rng = random.Random(17)
+    drained = cut_short = 0
+    for trial in range(60):
+        seed = rng.randrange(1 << 30)
+        now, prompt = rng.uniform(1, 3), rng.randrange(100, 6000)
+        keys = tuple([rng.randrange(4)] + [rng.randrange(3) for _ in range(rng.randrange(0, 30))])
+        knee = rng.choice([1.25, 3.0, 50.0])
+        answers = []
+        for cls in (LatencyEstimator, WholePlays):
+            r2 = random.Random(seed)
+            est = cls(16)
+            states = [ReplicaState(name=f"r{i}", url=f"http://r{i}", pool="m", scraped_at=0.0, block_size=BS,
+                                   num_gpu_blocks=r2.choice([300, 600, 2000]))
+                      for i in range(r2.randrange(1, 6))]  # fmt: skip
+            for r in states:
+                for _ in range(r2.randrange(0, 30)):
+                    ks = tuple([r2.randrange(4)] + [r2.randrange(3) for _ in range(r2.randrange(0, 30))])
+                    at = r2.uniform(0, 1)
+                    ticket = est.dispatched(est.predict(
+                        r, r2.randrange(0, 3000), at, 100.0, prompt_tokens=r2.randrange(100, 5000),
+                        output_tokens=r2.randrange(1, 300), prefix_keys=ks,
+                    ))  # fmt: skip
+                    if r2.random() < 0.7:
+                        est.prefilled(ticket)
+                        est.started(ticket, at + r2.uniform(0, 0.2))
+            pools = SimpleNamespace(replicas=lambda s=states: s, thr=thr)
+            pool = SimpleNamespace(indexes=range(len(states)), pending=0,
+                                   share=SimpleNamespace(alone=lambda now, depth: False),
+                                   queue=SimpleNamespace(depth_of=None))  # fmt: skip
+            gate = LatencyGate(FlowControlConfig(knee_factor=knee), est, pools)  # type: ignore[arg-type]
+            answers.append(gate.room(pool, now, prompt, LatencySlo(), False, keys))  # type: ignore[arg-type]
+            if cls is LatencyEstimator:
+                whole = [est.gate_ttft_s(r, prompt, keys, now, 100.0) for r in states]
+                cut = [est.gate_ttft_s(r, prompt, keys, now, 100.0, None, 0.0) for r in states]
+                cut_short += sum(a != b for a, b in zip(whole, cut, strict=True))
+        assert answers[0] == answers[1], trial
+        drained += answers[1][1] > 0
+    assert drained > 10 and cut_short > 10  # pools with a drain to keep, plays that a limit cuts

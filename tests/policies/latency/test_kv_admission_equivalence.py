@@ -11,9 +11,68 @@ from collections.abc import Sequence
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from policies.latency.kv_admission import LOST_AFTER_S, Held, KvLedger, _Pool, admission_wait_s
+from policies.latency.kv_admission import (
+    LOST_AFTER_S,
+    Held,
+    KvLedger,
+    _blocks_now,
+    _generated,
+    _Pool,
+    admission_wait_s,
+)
 
 BS = 16
+
+
+class ReferencePool:
+    """`kv_admission._Pool` as it was before its pops became one loop (4873155): a request joins
+    (`add`) and leaves (`remove`) at a time, and `with_` is a call."""
+
+    def __init__(self) -> None:
+        self._private = 0
+        self._shared = 0
+        self._groups: dict[int, tuple[dict[int, int], int]] = {}
+        self.total = 0
+
+    def with_(self, r: Held) -> int:
+        if r.group is None or r.shared <= 0:
+            return self.total + r.blocks
+        known = self._groups.get(r.group)
+        top = known[1] if known is not None else 0
+        return self.total + r.blocks - r.shared + (r.shared - top if r.shared > top else 0)
+
+    def add(self, r: Held) -> None:
+        if r.group is None or r.shared <= 0:
+            self._private += r.blocks
+        else:
+            self._private += r.blocks - r.shared
+            counts, top = self._groups.get(r.group) or ({}, 0)
+            counts[r.shared] = counts.get(r.shared, 0) + 1
+            if r.shared > top:
+                self._shared += r.shared - top
+                top = r.shared
+            self._groups[r.group] = (counts, top)
+        self.total = self._private + self._shared
+
+    def remove(self, r: Held) -> None:
+        if r.group is None or r.shared <= 0:
+            self._private -= r.blocks
+        else:
+            self._private -= r.blocks - r.shared
+            counts, top = self._groups[r.group]
+            left = counts[r.shared] - 1
+            if left:
+                counts[r.shared] = left
+            else:
+                del counts[r.shared]
+            if not counts:
+                del self._groups[r.group]
+                self._shared -= top
+            elif r.shared == top and not left:
+                new_top = max(counts)
+                self._shared -= top - new_top
+                self._groups[r.group] = (counts, new_top)
+        self.total = self._private + self._shared
 
 
 def reference_admission_wait_s(
@@ -22,7 +81,7 @@ def reference_admission_wait_s(
     """`admission_wait_s` as merged with kv-admit (commit f99a4c1): every end in a heap up front."""
     if capacity_blocks <= 0:
         return 0.0, 0
-    pool = _Pool()
+    pool = ReferencePool()
     ends: list[tuple[float, int, Held]] = []
     for i, r in enumerate(running):
         pool.add(r)
@@ -48,6 +107,34 @@ def reference_admission_wait_s(
     raise AssertionError("unreachable")
 
 
+def reference_held(ledger: KvLedger, now: float, tpot_s: float, block_size: int,
+                   prefill_s_per_token: float) -> tuple[list[Held], list[Held]]:  # fmt: skip
+    """`KvLedger.held` as it was before `_blocks_now` and `_generated` were inlined there (4873155):
+    a call of each per request (lost entries dropped the same way)."""
+    running: list[Held] = []
+    queued: list[Held] = []
+    lost: list[int] = []
+    for ident, e in ledger._entries.items():
+        shared = e.shared_tokens // block_size
+        decode = e.output_tokens * tpot_s
+        blocks = _blocks_now(e, now, tpot_s, block_size, ledger.steps)
+        if blocks < 0:
+            lost.append(ident)
+        elif not e.observed:
+            duration = e.uncached_tokens * prefill_s_per_token + decode
+            queued.append(Held(now, blocks, e.group, shared, duration, e.uncached_tokens))
+        elif e.first_step is not None and ledger.step_at is not None:
+            left = e.output_tokens - _generated(e, now, tpot_s, ledger.steps)
+            end = ledger.step_at + left * tpot_s
+            running.append(Held(end if end > now else now, blocks, e.group, shared))
+        else:
+            end = e.first_at + decode
+            running.append(Held(end if end > now else now, blocks, e.group, shared))
+    for ident in lost:
+        ledger.remove(ident)
+    return running, queued
+
+
 def reference_wait_s(ledger: KvLedger, now: float, tpot_s: float, block_size: int,
                      capacity_blocks: int, prompt_tokens: int, prefix_keys: Sequence[int],
                      prefill_s_per_token: float) -> tuple[float, int]:  # fmt: skip
@@ -57,7 +144,7 @@ def reference_wait_s(ledger: KvLedger, now: float, tpot_s: float, block_size: in
     group = prefix_keys[0] if prefix_keys else None
     shared = min(ledger.shared_tokens(prefix_keys), prompt_tokens) // block_size
     new = Held(now, -(-prompt_tokens // block_size), group, shared if group is not None else 0)
-    running, queued = ledger.held(now, tpot_s, block_size, prefill_s_per_token)
+    running, queued = reference_held(ledger, now, tpot_s, block_size, prefill_s_per_token)
     return reference_admission_wait_s(now, running, queued, new, capacity_blocks)
 
 
@@ -100,6 +187,9 @@ def test_wait_s_answers_as_the_reference_play(
         else:
             ledger.step_seen(at)
     before = copy.deepcopy(ledger)
+    assert copy.deepcopy(ledger).held(now, tpot, block_size, prefill) == reference_held(
+        copy.deepcopy(ledger), now, tpot, block_size, prefill
+    )
     got = ledger.wait_s(now, tpot, block_size, capacity, prompt, new_keys, prefill)
     want = reference_wait_s(before, now, tpot, block_size, capacity, prompt, new_keys, prefill)
     assert got == want
@@ -134,3 +224,47 @@ def test_admission_wait_s_answers_as_the_reference_play(
     q = [_held(x) for x in queued]
     n = _held(new)
     assert admission_wait_s(0.0, r, q, n, capacity) == reference_admission_wait_s(0.0, r, q, n, capacity)
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    requests=st.lists(running_or_queued, max_size=40),
+    joined=st.lists(running_or_queued, max_size=10),
+    new=running_or_queued,
+    capacity=st.integers(0, 3000),
+    limit=st.one_of(st.just(float("inf")), st.floats(0.0, 10.0)),
+)
+def test_a_pool_s_one_loop_forms_leave_it_as_one_request_at_a_time_does(
+    requests: list[tuple[float, int, int | None, int, float, int]],
+    joined: list[tuple[float, int, int | None, int, float, int]],
+    new: tuple[float, int, int | None, int, float, int],
+    capacity: int,
+    limit: float,
+) -> None:
+    """`_Pool.add_all` leaves the pool that `add` one request at a time leaves, and
+    `_Pool.free_until_fits` the pool (and the time) that popping and removing one at a time until the
+    new request fits leaves, limit included."""
+    held = [_held(x) for x in requests]
+    pool, ref = _Pool(), ReferencePool()
+    pool.add_all(held)
+    for r in held:
+        ref.add(r)
+    for r in (_held(x) for x in joined):
+        pool.add(r)
+        ref.add(r)
+        held.append(r)
+    assert (pool.total, pool._groups) == (ref.total, ref._groups)
+    n = _held(new)
+    ends = [(r.end_at, i, r) for i, r in enumerate(held)]
+    heapq.heapify(ends)
+    ref_ends = list(ends)
+    t = pool.free_until_fits(n, capacity, ends, 0.0, 0.0, limit)
+    ref_t = 0.0
+    while ref_ends and ref.with_(n) > capacity:
+        end, _, done = heapq.heappop(ref_ends)
+        ref.remove(done)
+        if end > ref_t:
+            ref_t = end
+            if ref_t > limit:
+                break
+    assert (t, pool.total, pool._groups, ends) == (ref_t, ref.total, ref._groups, ref_ends)
