@@ -208,8 +208,10 @@ class LatencyEstimator:
         if prompt_tokens <= 0 or state.name not in self._kv:
             return 0.0  # (before the TPOT, which only a play needs)
         model = self.model(state.name, state.pool)
-        tpot = self.tpot_s(state, now, stale_after_s)
-        return self._kv_play(state, model, tpot, prompt_tokens, prefix_keys, now)[0]
+        fresh = state.scraped_at is not None and now - state.scraped_at <= stale_after_s
+        batch = model.batch_kv_tokens(state, fresh)
+        tpot = model.tpot_s(batch)
+        return self._kv_play(state, model, tpot, prompt_tokens, prefix_keys, now, batch, fresh)[0]
 
     def gate_ttft_s(
         self, state: ReplicaState, prompt_tokens: int, prefix_keys: tuple[int, ...], now: float,
@@ -229,15 +231,16 @@ class LatencyEstimator:
         fresh = state.scraped_at is not None and now - state.scraped_at <= stale_after_s
         batch = model.batch_kv_tokens(state, fresh)
         return self._with_kv_wait(state, model, ttft, prompt_tokens, batch, model.tpot_s(batch),
-                                  prompt_tokens, prefix_keys, now, limit_s)[1]  # fmt: skip
+                                  prompt_tokens, prefix_keys, now, fresh, limit_s)[1]  # fmt: skip
 
     def _with_kv_wait(self, state: ReplicaState, model: ReplicaLatencyModel, ttft: float, uncached: int,
                       batch: float, tpot_s: float, prompt_tokens: int, prefix_keys: tuple[int, ...],
-                      now: float, limit_s: float = math.inf) -> tuple[float, float]:  # fmt: skip
+                      now: float, fresh: bool, limit_s: float = math.inf) -> tuple[float, float]:  # fmt: skip
         """(the wait for free KV blocks, `ttft` with it): once blocks are free the request is admitted,
         its prefill then shares steps with the requests admitted at that instant, and no step is under
         way for it to wait for."""
-        kv_wait, with_tokens = self._kv_play(state, model, tpot_s, prompt_tokens, prefix_keys, now, limit_s)
+        kv_wait, with_tokens = self._kv_play(state, model, tpot_s, prompt_tokens, prefix_keys, now, batch,
+                                             fresh, limit_s)  # fmt: skip
         if kv_wait > 0:
             later = model.ttft_s(float(with_tokens), uncached, batch, 0.0)
             if kv_wait + later > ttft:
@@ -245,10 +248,12 @@ class LatencyEstimator:
         return kv_wait, ttft
 
     def _kv_play(self, state: ReplicaState, model: ReplicaLatencyModel, tpot_s: float, prompt_tokens: int,
-                 prefix_keys: tuple[int, ...], now: float,
+                 prefix_keys: tuple[int, ...], now: float, batch: float, fresh: bool,
                  limit_s: float = math.inf) -> tuple[float, int]:  # fmt: skip
         """(wait for free KV blocks, prefill tokens admitted beside it) on `state`'s replica; (0, 0)
-        without a ledger there or a prompt. Cut short past `limit_s` (`KvLedger.wait_s`)."""
+        without a ledger there or a prompt. Cut short past `limit_s` (`KvLedger.wait_s`). The
+        running requests' next step ends no earlier than the step under way (the model's rest of it,
+        `ReplicaLatencyModel.wait_s`, as the ticket's TTFT waits for it)."""
         ledger = self._kv.get(state.name)
         if ledger is None or prompt_tokens <= 0:
             return 0.0, 0
@@ -256,7 +261,7 @@ class LatencyEstimator:
             return 0.0, 0  # (the tokens admitted beside it are read only when it waits)
         return ledger.wait_s(
             now, tpot_s, state.block_size, state.num_gpu_blocks, prompt_tokens, prefix_keys,
-            model.prefill_s(1.0), limit_s,
+            model.prefill_s(1.0), limit_s, now + model.wait_s(batch, now, model.in_step_tokens(state, fresh)),
         )  # fmt: skip
 
     def prefill_s(self, state: ReplicaState, uncached: int) -> float:
@@ -298,7 +303,7 @@ class LatencyEstimator:
         joined = joiners.expected_tokens(owed) if joiners and batch > 0 else 0.0
         ttft = model.ttft_s(ahead + joined, uncached, batch, wait)
         kv_wait, ttft = self._with_kv_wait(state, model, ttft, uncached, batch, tpot, prompt_tokens,
-                                           prefix_keys, now)  # fmt: skip
+                                           prefix_keys, now, fresh)  # fmt: skip
         self._idents += 1
         return Prediction(
             replica=state.name,

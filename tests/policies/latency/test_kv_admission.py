@@ -166,7 +166,31 @@ def test_the_estimator_dates_ends_by_the_steps_it_sees() -> None:
         est.step_seen("r0", 0.1 + 0.5 * i)
     slow = est.predict(state(300), 4000, 5.2, 1.0, prompt_tokens=4000, output_tokens=64)
     assert fast.kv_wait_s > 0.0
-    assert slow.kv_wait_s == pytest.approx(5.1 + 53 * slow.tpot_s - 5.2)
+    # 53 tokens to go after the 10 steps seen: the next step ends at the last seen + a step, but not
+    # before the step under way is predicted to end (the ticket's `wait_s`, from now), the rest a
+    # step apart
+    next_step = max(5.1 + slow.tpot_s, 5.2 + slow.wait_s)
+    assert slow.kv_wait_s == pytest.approx(next_step + 52 * slow.tpot_s - 5.2)
+
+
+def test_a_running_request_s_end_waits_for_the_step_under_way() -> None:
+    """A step that runs long (a prefill in it) delays every running request's remaining tokens: the
+    play dates the next of them at the step's predicted end, not at the last step seen + a step,
+    which has passed (nor at now)."""
+    led = KvLedger(key_tokens=16)
+    led.add(1, prompt_tokens=3200, output_tokens=11, first_at=0.0)
+    led.step_seen(0.0)
+    led.first_token(1, 0.0)
+    # 10 tokens to go at a step of 0.01 s; the last step was seen at 0.0, it is 0.05 now, and the
+    # step under way (begun at 0.0) is predicted to end at 0.30
+    running, _ = led.held(0.05, 0.01, BS, 0.0, next_step_at=0.30)
+    assert running[0].end_at == pytest.approx(0.30 + 9 * 0.01)
+    running, _ = led.held(0.05, 0.01, BS, 0.0)  # no prediction of it: not before now
+    assert running[0].end_at == pytest.approx(0.05 + 9 * 0.01)
+    running, _ = led.held(0.005, 0.01, BS, 0.0, next_step_at=0.002)  # on time: a step after the last
+    assert running[0].end_at == pytest.approx(0.01 + 9 * 0.01)
+    # the blocks a new 3,200-token prompt needs (200 of 400) are free once it ends
+    assert led.wait_s(0.05, 0.01, BS, 400, 3200, (), 0.0, next_step_at=0.30) == (pytest.approx(0.34), 0)
 
 
 def state(blocks: int) -> ReplicaState:

@@ -108,9 +108,12 @@ def reference_admission_wait_s(
 
 
 def reference_held(ledger: KvLedger, now: float, tpot_s: float, block_size: int,
-                   prefill_s_per_token: float) -> tuple[list[Held], list[Held]]:  # fmt: skip
+                   prefill_s_per_token: float, next_step_at: float | None = None,
+                   ) -> tuple[list[Held], list[Held]]:  # fmt: skip
     """`KvLedger.held` as it was before `_blocks_now` and `_generated` were inlined there (4873155):
-    a call of each per request (lost entries dropped the same way)."""
+    a call of each per request (lost entries dropped the same way); with the running requests' next
+    step dated no earlier than `now` and `next_step_at` since."""
+    floor = max(now, next_step_at) if next_step_at is not None else now
     running: list[Held] = []
     queued: list[Held] = []
     lost: list[int] = []
@@ -125,7 +128,10 @@ def reference_held(ledger: KvLedger, now: float, tpot_s: float, block_size: int,
             queued.append(Held(now, blocks, e.group, shared, duration, e.uncached_tokens))
         elif e.first_step is not None and ledger.step_at is not None:
             left = e.output_tokens - _generated(e, now, tpot_s, ledger.steps)
-            end = ledger.step_at + left * tpot_s
+            if left > 0:
+                end = max(ledger.step_at + tpot_s, floor) + (left - 1) * tpot_s
+            else:
+                end = ledger.step_at
             running.append(Held(end if end > now else now, blocks, e.group, shared))
         else:
             end = e.first_at + decode
@@ -137,14 +143,15 @@ def reference_held(ledger: KvLedger, now: float, tpot_s: float, block_size: int,
 
 def reference_wait_s(ledger: KvLedger, now: float, tpot_s: float, block_size: int,
                      capacity_blocks: int, prompt_tokens: int, prefix_keys: Sequence[int],
-                     prefill_s_per_token: float) -> tuple[float, int]:  # fmt: skip
+                     prefill_s_per_token: float, next_step_at: float | None = None,
+                     ) -> tuple[float, int]:  # fmt: skip
     """`KvLedger.wait_s` as merged with kv-admit: always `held` then the full play."""
     if capacity_blocks <= 0 or block_size < 1 or not len(ledger):
         return 0.0, 0
     group = prefix_keys[0] if prefix_keys else None
     shared = min(ledger.shared_tokens(prefix_keys), prompt_tokens) // block_size
     new = Held(now, -(-prompt_tokens // block_size), group, shared if group is not None else 0)
-    running, queued = reference_held(ledger, now, tpot_s, block_size, prefill_s_per_token)
+    running, queued = reference_held(ledger, now, tpot_s, block_size, prefill_s_per_token, next_step_at)
     return reference_admission_wait_s(now, running, queued, new, capacity_blocks)
 
 
@@ -170,11 +177,12 @@ entry = st.tuples(
     new_keys=keys,
     prefill=st.sampled_from([0.0, 1e-4, 1e-3]),
     steps=st.lists(st.floats(0.0, 3.0), max_size=30),
+    next_step=st.one_of(st.none(), st.floats(0.0, 0.5)),
 )
 def test_wait_s_answers_as_the_reference_play(
     entries: list[tuple[int, int, float, list[int], int, float | None]], now: float, tpot: float,
     block_size: int, capacity: int, prompt: int, new_keys: list[int], prefill: float,
-    steps: list[float],
+    steps: list[float], next_step: float | None,
 ) -> None:  # fmt: skip
     ledger = KvLedger(key_tokens=16)
     for ident, (p, out, first, ks, uncached, _) in enumerate(entries):
@@ -187,11 +195,12 @@ def test_wait_s_answers_as_the_reference_play(
         else:
             ledger.step_seen(at)
     before = copy.deepcopy(ledger)
-    assert copy.deepcopy(ledger).held(now, tpot, block_size, prefill) == reference_held(
-        copy.deepcopy(ledger), now, tpot, block_size, prefill
+    at = None if next_step is None else now + next_step  # the step under way's predicted end
+    assert copy.deepcopy(ledger).held(now, tpot, block_size, prefill, at) == reference_held(
+        copy.deepcopy(ledger), now, tpot, block_size, prefill, at
     )
-    got = ledger.wait_s(now, tpot, block_size, capacity, prompt, new_keys, prefill)
-    want = reference_wait_s(before, now, tpot, block_size, capacity, prompt, new_keys, prefill)
+    got = ledger.wait_s(now, tpot, block_size, capacity, prompt, new_keys, prefill, next_step_at=at)
+    want = reference_wait_s(before, now, tpot, block_size, capacity, prompt, new_keys, prefill, at)
     assert got == want
     assert len(ledger) == len(before)  # the same lost entries dropped
 
