@@ -123,17 +123,7 @@ class _Pool:
         self.total = private + shared_total
 
     def add(self, r: Held) -> None:
-        if r.group is None or r.shared <= 0:
-            self._private += r.blocks
-        else:
-            self._private += r.blocks - r.shared
-            counts, top = self._groups.get(r.group) or ({}, 0)
-            counts[r.shared] = counts.get(r.shared, 0) + 1
-            if r.shared > top:
-                self._shared += r.shared - top
-                top = r.shared
-            self._groups[r.group] = (counts, top)
-        self.total = self._private + self._shared
+        self.add_all((r,))
 
     def free_until_fits(
         self, r: Held, capacity_blocks: int, ends: list[tuple[float, int, Held]], t: float, now: float,
