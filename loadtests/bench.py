@@ -62,7 +62,7 @@ from loadtests.bench_processes import (
     rss_bytes,
 )
 from loadtests.bench_summary import write_summary
-from loadtests.measures import RequestTrace, fleet_delta, prediction_errors
+from loadtests.measures import RequestTrace, fleet_delta, measured, prediction_errors
 from loadtests.ports import free_port
 from loadtests.presets import DIRECT, BenchPreset
 from loadtests.results import make_meta, validate_record, write_results
@@ -425,7 +425,7 @@ class _Bench:
             gateway_rejected=(gauges1.rejected - gauges0.rejected) if gauges0 and gauges1 else None,
         )
         if gateway is not None and gateway.access_log is not None:
-            ids = {t.request_id for t in result.traces}
+            ids = {t.request_id for t in measured(result.traces, result.warmup_end)}
             record["gateway_ttft_prediction_error"] = prediction_errors(ttft_errors(gateway.access_log, ids))
         validate_record(record)
         return record
