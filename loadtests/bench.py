@@ -28,7 +28,8 @@ Extra record fields (beyond `loadtests.results`): `clock`, `requests_offered`, `
 simulator's steps, step lag in wall seconds, clock jumps in simulated seconds, CPU in cores, and
 `sim_distorted`), `gateway_*` (CPU, RSS, prefix-index keys, queued and rejected admissions, and
 `gateway_ttft_prediction_error`: n, p50 and p90 of the latency model's |predicted - actual| / actual
-TTFT over the point's streams it scored, read from the gateway's access log by request id).
+TTFT over the point's measured streams (after its warm-up) it scored, read from the gateway's access
+log by request id).
 
 Interrupts: Ctrl-C or SIGTERM cancel the run; the children are stopped (gateway, then fleet) and the
 records measured so far are written.
