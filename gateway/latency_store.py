@@ -36,7 +36,6 @@ class LatencyStore:
         self.estimator = estimator
         self._metrics = metrics
         self._children: dict[tuple[str, str], Any] = {}
-        self.errors: list[float] | None = None  # when a list, every error ratio is appended (benchmarks)
 
     def dispatch(self, ticket: Prediction, now: float | None = None) -> Prediction:
         """Ticket `ticket` was sent; returns the ticket to keep. `now` (the dispatch's time, the
@@ -49,15 +48,12 @@ class LatencyStore:
         if ticket.at is not None:
             est.started(ticket, ticket.at + ttft_s)
         error = est.observe_ttft(ticket, ttft_s)
-        if error is not None:
-            if self._metrics is not None:
-                key = (ticket.replica, ticket.pool)
-                child = self._children.get(key)
-                if child is None:
-                    child = self._children[key] = self._metrics.ttft_prediction_error.labels(*key)
-                child.observe(error)
-            if self.errors is not None:
-                self.errors.append(error)
+        if error is not None and self._metrics is not None:
+            key = (ticket.replica, ticket.pool)
+            child = self._children.get(key)
+            if child is None:
+                child = self._children[key] = self._metrics.ttft_prediction_error.labels(*key)
+            child.observe(error)
         return error
 
     def ended(

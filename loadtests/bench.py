@@ -28,7 +28,8 @@ Extra record fields (beyond `loadtests.results`): `clock`, `requests_offered`, `
 simulator's steps, step lag in wall seconds, clock jumps in simulated seconds, CPU in cores, and
 `sim_distorted`), `gateway_*` (CPU, RSS, prefix-index keys, queued and rejected admissions, and
 `gateway_ttft_prediction_error`: n, p50 and p90 of the latency model's |predicted - actual| / actual
-TTFT over the point's streams it scored, read from the gateway's access log by request id).
+TTFT over the point's measured streams (after its warm-up) it scored, read from the gateway's access
+log by request id).
 
 Interrupts: Ctrl-C or SIGTERM cancel the run; the children are stopped (gateway, then fleet) and the
 records measured so far are written.
@@ -62,7 +63,7 @@ from loadtests.bench_processes import (
     rss_bytes,
 )
 from loadtests.bench_summary import write_summary
-from loadtests.measures import RequestTrace, fleet_delta, prediction_errors
+from loadtests.measures import RequestTrace, fleet_delta, measured, prediction_errors
 from loadtests.ports import free_port
 from loadtests.presets import DIRECT, BenchPreset
 from loadtests.results import make_meta, validate_record, write_results
@@ -425,7 +426,7 @@ class _Bench:
             gateway_rejected=(gauges1.rejected - gauges0.rejected) if gauges0 and gauges1 else None,
         )
         if gateway is not None and gateway.access_log is not None:
-            ids = {t.request_id for t in result.traces}
+            ids = {t.request_id for t in measured(result.traces, result.warmup_end)}
             record["gateway_ttft_prediction_error"] = prediction_errors(ttft_errors(gateway.access_log, ids))
         validate_record(record)
         return record

@@ -143,7 +143,6 @@ class GatewayModel:
         self.fleet = FleetState(config.replicas, config.fleet, clock)
         self.router = Router(config, rng, index)
         self.latency = LatencyStore(self.router.latency)
-        self.latency.errors = []  # every TTFT prediction's error ratio, for the run's outcome
         self._clock = clock
         self._session_header = config.scheduling.session_header.lower()
         self._token_blocks = {m.name for m in config.models if m.tokenizer == "sim"}
@@ -236,10 +235,12 @@ class GatewayModel:
         """A chunk of a stream on `replica` reached the gateway now (a step there ended)."""
         self.router.latency.step_seen(self.names[replica], now)
 
-    def first_token(self, routed: Routed, now: float) -> None:
-        """`routed`'s first token reached the gateway now (as the proxy's first chunk)."""
-        if routed.ticket is not None:
-            self.latency.first_token(routed.ticket, now - routed.at)
+    def first_token(self, routed: Routed, now: float) -> float | None:
+        """`routed`'s first token reached the gateway now (as the proxy's first chunk). Returns the
+        latency model's |predicted - actual| / actual TTFT for it (None: not scored)."""
+        if routed.ticket is None:
+            return None
+        return self.latency.first_token(routed.ticket, now - routed.at)
 
     def count_dispatch(self, routed: Routed) -> None:
         """Another gateway's dispatch `routed`, counted in this gateway's ledger (a shared ledger);

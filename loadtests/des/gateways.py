@@ -155,9 +155,10 @@ class Gateways:
         for model in self.models:
             model.step_seen(replica, now)
 
-    def first_token(self, routed: Routed, now: float) -> None:
-        """`routed`'s first token came back now (its gateway's latency model observes it)."""
-        self.models[routed.gateway].first_token(routed, now)
+    def first_token(self, routed: Routed, now: float) -> float | None:
+        """`routed`'s first token came back now (its gateway's latency model observes it); the
+        model's TTFT error for it (`GatewayModel.first_token`)."""
+        return self.models[routed.gateway].first_token(routed, now)
 
     def finished(self, routed: Routed, had_first_token: bool = True, tpot_s: float | None = None) -> None:
         """The response of `routed` ended, whatever the outcome."""

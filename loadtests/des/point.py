@@ -20,7 +20,7 @@ from loadtests.des.gateways import Gateways
 from loadtests.des.outcome import DesResult, DesTimings, ReplicaReport, SkewStats
 from loadtests.des.prompts import PromptTokenizer
 from loadtests.des.traces import ItlHistogram, OpenRequest
-from loadtests.measures import FleetDelta, RequestTrace, prediction_errors
+from loadtests.measures import FleetDelta, RequestTrace, measured, prediction_errors
 from loadtests.runner import LoadConfig
 
 Counters = tuple[int, int, int, int, int, float]
@@ -40,11 +40,11 @@ class LoadPoint:
     counts, the seconds spent per part (`workload_s`, `tokenize_s`, `route_s`, `engine_s`,
     `scrape_s`), and `skew`, the fleet's in-flight skew at each dispatch (`SkewStats`)."""
 
-    __slots__ = ("alarm_at", "arrival_pending", "clients", "cpu0", "engine_s", "errors0", "events0",
+    __slots__ = ("alarm_at", "arrival_pending", "clients", "cpu0", "engine_s", "events0",
                  "gateway_routed0",
                  "incomplete", "itl", "load", "on_done", "open", "prompt_tokens", "record_chunks", "route_s",
                  "routed0", "scrape_s", "sends_pending", "skew", "start", "stats0", "timeouts", "tokenize_s",
-                 "tokens0", "traces", "wall0", "workload_s")  # fmt: skip
+                 "tokens0", "traces", "ttft_errors", "wall0", "workload_s")  # fmt: skip
 
     def __init__(self, load: LoadConfig, start: float, record_chunks: bool,
                  on_done: Callable[[RequestTrace], None] | None, replicas: Sequence[SimReplica],
@@ -71,7 +71,9 @@ class LoadPoint:
         self.stats0 = [replica_counters(rep) for rep in replicas]
         self.routed0 = [rep.routed for rep in replicas]
         self.gateway_routed0 = [m.routed for m in gateways.models]
-        self.errors0 = [len(m.latency.errors or ()) for m in gateways.models]
+        # Per request id, the latency model's TTFT error (scored at its first token); the outcome
+        # keeps the measured requests' (after the warm-up), as every other measure does.
+        self.ttft_errors: dict[str, float] = {}
 
     def outcome(self, config: DesConfig, replicas: Sequence[SimReplica], queue: EventQueue,
                 tokenizer: PromptTokenizer, gateways: Gateways) -> DesResult:  # fmt: skip
@@ -92,11 +94,13 @@ class LoadPoint:
                 steps=now[4] - before[4], busy_s=now[5] - before[5],
             ))  # fmt: skip
         assert self.clients is not None
+        warmup_end = self.start + self.load.warmup_s
+        errors = self.ttft_errors
         return DesResult(
             config=config,
             load=self.load,
             traces=self.traces,
-            warmup_end=self.start + self.load.warmup_s,
+            warmup_end=warmup_end,
             itl=None if self.record_chunks else self.itl.stats(),
             fleet=FleetDelta(prefix_queries=queries, prefix_hits=hits, preemptions=preemptions),
             replicas=tuple(reports),
@@ -114,8 +118,6 @@ class LoadPoint:
             gateway_requests=tuple(m.routed - r0 for m, r0 in zip(gateways.models, self.gateway_routed0,
                                                                    strict=True)),
             extra={"ttft_prediction_error": prediction_errors(
-                e
-                for m, e0 in zip(gateways.models, self.errors0, strict=True)
-                for e in (m.latency.errors or ())[e0:]
+                errors[t.request_id] for t in measured(self.traces, warmup_end) if t.request_id in errors
             )},
         )

@@ -347,9 +347,7 @@ class Simulation:
                 if o is None:
                     continue  # aborted while the step ran
                 if not index:
-                    o.first = end
-                    if o.routed is not None:
-                        self.gateways.first_token(o.routed, end)
+                    self._first_token(point, o, end)
                 o.last = end
                 o.chunks.append(end)  # type: ignore[union-attr]  # record_chunks: always a list
         else:
@@ -362,9 +360,7 @@ class Simulation:
                     key = round((end - o.last) * 1_000_000)
                     counts[key] = counts.get(key, 0) + 1
                 else:
-                    o.first = end
-                    if o.routed is not None:
-                        self.gateways.first_token(o.routed, end)
+                    self._first_token(point, o, end)
                 o.last = end
         for finished in result.finished:
             o = get(finished.request_id)
@@ -372,6 +368,13 @@ class Simulation:
                 continue
             self._end(o, o.trace(end, output_tokens=finished.generation_tokens,
                                  cached_tokens=finished.cached_tokens, replica_name=rep.name))
+
+    def _first_token(self, point: LoadPoint, o: OpenRequest, end: float) -> None:
+        o.first = end
+        if o.routed is not None:
+            error = self.gateways.first_token(o.routed, end)
+            if error is not None:
+                point.ttft_errors[o.spec.request_id] = error
 
     def _end(self, o: OpenRequest, trace: RequestTrace) -> None:
         point = self._require()

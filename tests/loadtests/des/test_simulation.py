@@ -229,3 +229,23 @@ def test_ended_requests_deadlines_do_not_pile_up() -> None:
         largest = max(largest, len(sim._require().timeouts))
     assert len(sim.finish().traces) == 3_000
     assert largest <= 2 * 8 + 1024 + 1
+
+
+def test_the_ttft_prediction_error_scores_the_measured_requests_alone() -> None:
+    # The point's start (every closed-loop client sending at once) is a transient the warm-up is
+    # for: the model's error is over the requests the other measures count, not those before.
+    specs = list(sized_shared_prefix(seed=3).requests())[:120]
+    config = DesConfig(replace(TINY, replicas=2))
+    whole = run_des(specs, config, closed(8))
+    t0 = min(t.start for t in whole.traces)
+    cut = sorted(t.start for t in whole.traces)[40]  # a third of the requests start before it
+    warm = run_des(specs, config, replace(closed(8), warmup_s=cut - t0))
+
+    def scored(result):  # requests that got a first token after the warm-up: each scored once
+        return sum(1 for t in result.traces if t.first_token is not None and t.start >= result.warmup_end)
+
+    assert [t.first_token for t in warm.traces] == [t.first_token for t in whole.traces]  # same run
+    n_whole = whole.extra["ttft_prediction_error"]["n"]
+    n_warm = warm.extra["ttft_prediction_error"]["n"]
+    assert n_whole == scored(whole) == len(specs)
+    assert n_warm == scored(warm) and 0 < n_warm <= len(specs) - 40
