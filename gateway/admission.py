@@ -146,7 +146,7 @@ class AdmissionQueue:
                         fits, drain = self._gate.room(p, now, prompt_tokens, slo, True, prefix_keys)
                     go = fits > 0
                 else:
-                    heavy = self._gate.heavy_room(p, now, fits, prompt_tokens, slo, prefix_keys)
+                    heavy = self._gate.heavy_room(p, now, fits, prompt_tokens, slo, prefix_keys)[0]
                     go = not p.queue and heavy > 0
                 if go:
                     p.share.started(tenant, weight, now)
@@ -296,10 +296,11 @@ class AdmissionQueue:
             w = first.payload
             tokens, slo, keys = w.prompt_tokens, w.slo, w.prefix_keys
             fits = self._gate.room(p, now, tokens, slo, False, keys)[0]
-            fits = self._gate.heavy_room(p, now, fits, tokens, slo, keys)
+            fits, light_fits = self._gate.heavy_room(p, now, fits, tokens, slo, keys)
             if fits <= 0:
                 light = share.outweighed(0, now, q.depth_of)
-                fits = self._gate.light_room(p, now)
+                # The head's room at the light knee: priced already for the kept room, if it was.
+                fits = self._gate.light_room(p, now) if light_fits is None else light_fits
         while room > 0:
             if light is not None:
                 if fits <= 0:

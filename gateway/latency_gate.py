@@ -131,15 +131,18 @@ class LatencyGate:
     def heavy_room(
         self, p: Pool, now: float, fits: int, prompt_tokens: int, slo: LatencySlo,
         prefix_keys: tuple[int, ...] = (),
-    ) -> int:  # fmt: skip
+    ) -> tuple[int, int | None]:  # fmt: skip
         """`fits` (`room` for a request like this one) less what a heavy tenant must leave to the light
         ones: while `kept_for_light` is k > 0, only as many as keep k requests' room at the light
         knee. Each request the heavy tenant sends takes exactly one of that room: the replica it goes
-        to is within its knee, so within the light one, and one more prefill there fills one place."""
+        to is within its knee, so within the light one, and one more prefill there fills one place.
+        Also the room at the light knee it priced for that (None when it priced none), which the
+        caller reuses for the light tenants' room instead of pricing the pool again."""
         keep = self.kept_for_light(p, now) if fits > 0 else 0
         if not keep:
-            return fits
-        return min(fits, self.room(p, now, prompt_tokens, slo, True, prefix_keys)[0] - keep)
+            return fits, None
+        light = self.room(p, now, prompt_tokens, slo, True, prefix_keys)[0]
+        return min(fits, light - keep), light
 
     def light_room(self, p: Pool, now: float) -> int:
         """`room` at the light tenants' knee, sized by the pool's queue's head (0 when empty)."""

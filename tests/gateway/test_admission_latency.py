@@ -17,6 +17,7 @@ from gateway.config import FleetConfig, FlowControlConfig, ReplicaConfig
 from gateway.errors import GatewayError
 from gateway.fleet.metrics_parse import ReplicaMetrics
 from gateway.fleet.state import FleetState
+from gateway.latency_gate import LatencyGate
 from gateway.metrics import GatewayMetrics
 from policies.latency.estimator import LatencyEstimator, Prediction
 from policies.latency_admission import LatencySlo
@@ -351,3 +352,30 @@ async def test_the_gate_holds_a_request_whose_kv_blocks_are_not_free_and_an_end_
         h.adm.leave(POOL, "t")
     await settle_loop()
     assert h.started[-1] == "r2" and waiting.result() == "queued"
+
+
+async def test_a_release_prices_its_head_at_the_light_knee_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The state of the test above with the kept room: A2 waits because b's room at the light knee is
+    # kept for u. A release then prices A2 at the knee, then at the light knee for the kept room;
+    # the light tenants' room it falls back to is that same price, not a second pass over the pool.
+    h = Harness(replicas=("a", "b"), light_reserve=1)
+    for label in ("A0", "A1"):
+        assert await h.request(label, tenant="A", on="b") == "direct"
+        h.first_token(label)
+    assert await h.request("u0", tenant="u", on="a") == "direct"
+    task = asyncio.ensure_future(h.request("A2", tenant="A", on="b"))
+    await settle_loop()
+    assert not task.done()
+    priced: list[bool] = []
+    room = LatencyGate.room
+
+    def counting(self: LatencyGate, *args: Any, **kwargs: Any) -> tuple[int, float]:
+        priced.append(bool(args[4]) if len(args) > 4 else bool(kwargs.get("light", False)))
+        return room(self, *args, **kwargs)
+
+    monkeypatch.setattr(LatencyGate, "room", counting)
+    h.adm.on_prefilled(POOL)  # a release with nothing changed: A2 still waits
+    await settle_loop()
+    assert not task.done()
+    assert priced == [False, True]  # the knee, then the light knee: once each
+    task.cancel()
