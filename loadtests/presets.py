@@ -158,6 +158,8 @@ class BenchPreset:
             raise ValueError("max_duration_s and open_duration_s must be > 0 and drain_s >= 0")
         if self.requests is not None and self.requests < 1:
             raise ValueError(f"requests must be >= 1, got {self.requests}")
+        if not (math.isfinite(self.warmup_s) and self.warmup_s >= 0):
+            raise ValueError(f"warmup_s must be finite and >= 0, got {self.warmup_s}")
         if self.gateway_tokenizer not in ("none", "sim"):
             raise ValueError(f"gateway_tokenizer must be none or sim, got {self.gateway_tokenizer!r}")
 

@@ -80,6 +80,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="unmeasured requests each policy sends before its first load point",
     )
     p.add_argument(
+        "--warmup-s",
+        type=float,
+        default=None,
+        help="unmeasured start of each load point, simulated seconds (default: the preset's); the "
+        "closed loop's clients all send at once when a point starts",
+    )
+    p.add_argument(
         "--duration", type=float, default=None, help="upper bound of one load point, simulated seconds"
     )
     p.add_argument(
@@ -222,7 +229,8 @@ def resolve(args: argparse.Namespace) -> tuple[Any, Any]:
         changes["concurrency"] = tuple(args.concurrency or ())
         changes["rates"] = tuple(args.rate or ())
     for flag, field in (("requests", "requests"), ("warmup_requests", "warmup_requests"),
-                        ("duration", "max_duration_s"), ("open_duration", "open_duration_s"), ("slo", "slo"),
+                        ("warmup_s", "warmup_s"), ("duration", "max_duration_s"),
+                        ("open_duration", "open_duration_s"), ("slo", "slo"),
                         ("seed", "seed"),
                         ("gateway_tokenizer", "gateway_tokenizer")):  # fmt: skip
         if getattr(args, flag) is not None:

@@ -73,6 +73,8 @@ def test_flags_override_the_preset() -> None:
         "--direct",
         "--open-duration",
         "12",
+        "--warmup-s",
+        "2.5",
         "--gateway-tokenizer",
         "sim",
     )
@@ -92,7 +94,7 @@ def test_flags_override_the_preset() -> None:
         256,
     )
     assert (preset.slo, preset.seed, preset.gateway_tokenizer) == ("ttft=2s,tpot=40ms", 7, "sim")
-    assert preset.open_duration_s == 12.0
+    assert (preset.open_duration_s, preset.warmup_s) == (12.0, 2.5)
 
 
 def test_without_flags_the_preset_is_kept() -> None:

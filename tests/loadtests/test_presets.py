@@ -159,6 +159,8 @@ def test_fleet_plan_without_kv_blocks_keeps_the_profiles_capacity() -> None:
         ({"rates": (-1.0,)}, "rates"),
         ({"requests": 0}, "requests"),
         ({"gateway_tokenizer": "bpe"}, "tokenizer"),
+        ({"warmup_s": -1.0}, "warmup_s"),
+        ({"warmup_s": float("nan")}, "warmup_s"),
     ],
 )
 def test_invalid_presets_are_refused(change: dict[str, Any], message: str) -> None:
