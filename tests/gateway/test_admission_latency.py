@@ -246,17 +246,24 @@ async def test_the_heavy_tenant_starts_a_prefill_while_another_replica_stays_wit
     a4.cancel()
 
 
+async def _a2_beside_a_whole_light_prompt(h: Harness) -> asyncio.Future[str]:
+    """A's two requests decoding on b, u's whole 1,000-token prompt prefilling on a; then A2 enters
+    for b. Returns A2's task once the loop has settled (done if it went, else waiting)."""
+    for label in ("A0", "A1"):
+        assert await h.request(label, tenant="A", on="b") == "direct"
+        h.first_token(label)
+    assert await h.request("u0", tenant="u", on="a") == "direct"
+    task = asyncio.ensure_future(h.request("A2", tenant="A", on="b"))
+    await settle_loop()
+    return task
+
+
 async def test_the_kept_room_is_measured_at_the_light_knee_and_holds_the_heavy_tenant_without_it() -> None:
     # The same, with u's prompt a whole one: a is past the light knee too, so b's room, the pool's
     # last at the light knee, is kept for u and A waits; without light_reserve, A takes it.
     for keep, a2 in ((1, False), (0, True)):
         h = Harness(replicas=("a", "b"), light_reserve=keep)
-        for label in ("A0", "A1"):
-            assert await h.request(label, tenant="A", on="b") == "direct"
-            h.first_token(label)
-        assert await h.request("u0", tenant="u", on="a") == "direct"
-        task = asyncio.ensure_future(h.request("A2", tenant="A", on="b"))
-        await settle_loop()
+        task = await _a2_beside_a_whole_light_prompt(h)
         assert task.done() is a2, keep
         if not a2:
             # u0's prefill ends: a and b both within the light knee again, and A2 goes.
@@ -359,12 +366,7 @@ async def test_a_release_prices_its_head_at_the_light_knee_once(monkeypatch: pyt
     # kept for u. A release then prices A2 at the knee, then at the light knee for the kept room;
     # the light tenants' room it falls back to is that same price, not a second pass over the pool.
     h = Harness(replicas=("a", "b"), light_reserve=1)
-    for label in ("A0", "A1"):
-        assert await h.request(label, tenant="A", on="b") == "direct"
-        h.first_token(label)
-    assert await h.request("u0", tenant="u", on="a") == "direct"
-    task = asyncio.ensure_future(h.request("A2", tenant="A", on="b"))
-    await settle_loop()
+    task = await _a2_beside_a_whole_light_prompt(h)
     assert not task.done()
     priced: list[bool] = []
     room = LatencyGate.room
