@@ -44,6 +44,8 @@ import asyncio
 import itertools
 import math
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from functools import partial
 from typing import Literal
 
 from prometheus_client.core import GaugeMetricFamily, Metric
@@ -62,6 +64,7 @@ from policies.latency_admission import NO_SLO, LatencySlo
 from policies.types import Band
 
 Path = Literal["direct", "queued"]
+Outcome = Literal["dispatched", "timeout", "cancelled"]
 _DEFAULT_MAX_WAIT = {Band.CRITICAL: 30.0, Band.STANDARD: 10.0, Band.SHEDDABLE: 0.0}
 
 
@@ -74,6 +77,29 @@ def _max_waits(cfg: FlowControlConfig) -> dict[Band, float]:
 
 def _released(fut: asyncio.Future[None]) -> bool:
     return fut.done() and not fut.cancelled() and fut.exception() is None
+
+
+def _wake(fut: asyncio.Future[None], refused: GatewayError | None) -> bool:
+    if fut.done():
+        return False
+    if refused is None:
+        fut.set_result(None)
+    else:
+        fut.set_exception(refused)
+    return True
+
+
+@dataclass(frozen=True, slots=True)
+class Held:
+    """A request waiting in `pool`'s queue (`AdmissionQueue.admit`): since `since`, for at most
+    `max_wait_s` (its band's)."""
+
+    pool: Pool
+    item_id: str
+    tenant: str
+    band: Band
+    since: float
+    max_wait_s: float
 
 
 class AdmissionQueue:
@@ -121,10 +147,49 @@ class AdmissionQueue:
         429 (the tenant's queue limit), each with Retry-After. Cancellation-safe: a cancelled waiter
         leaves the queue.
         """
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        held = self.admit(
+            pool, tenant, weight, band, cost_tokens, prompt_tokens, slo, prefix_keys, partial(_wake, fut)
+        )
+        if held is None:
+            return "direct"
+        outcome: Outcome = "cancelled"
+        try:
+            try:
+                async with asyncio.timeout(held.max_wait_s):
+                    await fut
+            except TimeoutError:
+                if not _released(fut):
+                    outcome = "timeout"
+                    raise self.timed_out(held) from None
+            outcome = "dispatched"
+            return "queued"
+        finally:
+            self.end_wait(held, _released(fut), outcome)
+            fut.cancel()
+
+    def admit(
+        self,
+        pool: str,
+        tenant: str,
+        weight: float,
+        band: Band,
+        cost_tokens: int,
+        prompt_tokens: int,
+        slo: LatencySlo,
+        prefix_keys: tuple[int, ...],
+        wake: Callable[[GatewayError | None], bool],
+    ) -> Held | None:
+        """`enter`'s decision without the wait: None when the request may be dispatched now, else
+        its place in the queue (`Held`). `wake(None)` is called once it may go, `wake(error)` when it
+        is refused while waiting (shutdown); `wake` returns False when its waiter has already left
+        (a release then passes on). The caller ends the wait with `end_wait` (after `timed_out` when
+        its `max_wait_s` passed first). Raises as `enter` does. The discrete-event mode drives this
+        in virtual time (loadtests/des/admission.py)."""
         self._pools.sync()
         p = self._pools.get(pool)
         if p is None:
-            return "direct"  # not a pool of this fleet: routing will answer
+            return None  # not a pool of this fleet: routing will answer
         now = self._clock()
         slo = self._gate.slo(band, slo)
         gated = self._gate.on
@@ -138,7 +203,7 @@ class AdmissionQueue:
             ):
                 if not gated:  # (the queue is empty)
                     p.share.started(tenant, weight, now)
-                    return "direct"
+                    return None
                 fits, drain = self._gate.room(p, now, prompt_tokens, slo, False, prefix_keys)
                 light = p.share.outweighed(max(fits, 0), now, p.queue.depth_of)
                 if light(tenant):  # ahead of the queue, up to its own knee, the kept room its own
@@ -150,7 +215,7 @@ class AdmissionQueue:
                     go = not p.queue and heavy > 0
                 if go:
                     p.share.started(tenant, weight, now)
-                    return "direct"
+                    return None
                 if fits <= 0:
                     drain_s = drain
         max_wait = self._max_wait[band]
@@ -163,35 +228,33 @@ class AdmissionQueue:
         if self.depth_of(tenant) >= self._cfg.max_queue_per_tenant:
             raise self._refuse(p, band, tenant, now, "tenant_queue_full")
         p.share.seen(tenant, weight, now)
-        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         item_id = str(next(self._ids))
         # Deadlines are kept by each waiter's own timeout, not by the queue (deadline = inf).
-        waiter = Waiter(fut, max(0, prompt_tokens), slo, prefix_keys)
+        waiter = Waiter(wake, max(0, prompt_tokens), slo, prefix_keys)
         p.queue.push(QueueItem(item_id, tenant, band, weight, max(0, cost_tokens), now, math.inf, waiter))
         self._depth += 1
         self._drain(p, now)  # a more important request may go ahead of what waits, if there is room
-        outcome = "cancelled"
-        try:
-            try:
-                async with asyncio.timeout(max_wait):
-                    await fut
-            except TimeoutError:
-                if not _released(fut):
-                    outcome = "timeout"
-                    raise self._refuse(p, band, tenant, self._clock(), "queue_timeout") from None
-            outcome = "dispatched"
-            return "queued"
-        finally:
-            if _released(fut):
-                p.pending -= 1
-                if outcome != "dispatched":  # released, but the client left: pass the slot on
-                    now = self._clock()
-                    p.share.ended(tenant, now)
-                    self._drain(p, now)
-            elif p.queue.remove(item_id) is not None:
-                self._depth -= 1
-            fut.cancel()
-            self._m.queue_wait.labels(tenant, band.label, outcome).observe(self._clock() - now)
+        return Held(p, item_id, tenant, band, now, max_wait)
+
+    def timed_out(self, held: Held) -> GatewayError:
+        """The answer to a request `held` whose `max_wait_s` passed before it was released (503,
+        Retry-After); counted. The caller still ends the wait (`end_wait`, outcome "timeout")."""
+        return self._refuse(held.pool, held.band, held.tenant, self._clock(), "queue_timeout")
+
+    def end_wait(self, held: Held, released: bool, outcome: Outcome) -> None:
+        """The wait of `held` is over: dispatched after its release, or it left (timed out, client
+        gone). A released request that is not dispatched passes its slot on; one never released
+        leaves the queue."""
+        p = held.pool
+        if released:
+            p.pending -= 1
+            if outcome != "dispatched":  # released, but the client left: pass the slot on
+                now = self._clock()
+                p.share.ended(held.tenant, now)
+                self._drain(p, now)
+        elif p.queue.remove(held.item_id) is not None:
+            self._depth -= 1
+        self._m.queue_wait.labels(held.tenant, held.band.label, outcome).observe(self._clock() - held.since)
 
     def leave(self, pool: str, tenant: str) -> None:
         """A request `enter` let through has ended (settled): its slot counts for its tenant no more."""
@@ -262,9 +325,8 @@ class AdmissionQueue:
         self._closed = True
         for p in self._pools:
             while (item := p.queue.pop()) is not None:
-                if not item.payload.fut.done():
+                if item.payload.wake(shutting_down()):
                     self._m.rejections.labels(item.tenant, "draining").inc()
-                    item.payload.fut.set_exception(shutting_down())
         self._depth = 0
 
     def reconfigure(self, cfg: FlowControlConfig) -> None:
@@ -313,10 +375,8 @@ class AdmissionQueue:
             if item is None:
                 return
             self._depth -= 1
-            fut = item.payload.fut
-            if fut.done():  # its waiter is already leaving
+            if not item.payload.wake(None):  # its waiter is already leaving
                 continue
-            fut.set_result(None)
             p.pending += 1
             share.started(item.tenant, item.weight, now)
             room -= 1

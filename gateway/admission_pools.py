@@ -29,11 +29,11 @@ queue, outlives its last replica.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from gateway.config import FlowControlConfig
+from gateway.errors import GatewayError
 from gateway.fleet.state import FleetState
 from policies.drain_rate import DrainRate
 from policies.fair_queue import FairQueue
@@ -47,10 +47,11 @@ DOWN = 1 << 30  # "room" of a pool with no healthy replica: do not hold requests
 
 @dataclass(frozen=True, slots=True)
 class Waiter:
-    """A request waiting in a pool's queue: released by resolving `fut`; `prompt_tokens`, `slo` and
-    `prefix_keys` size the latency gate's room while it is the queue's head."""
+    """A request waiting in a pool's queue: `wake(None)` releases it, `wake(error)` refuses it (each
+    returns False when the waiter has already left); `prompt_tokens`, `slo` and `prefix_keys` size
+    the latency gate's room while it is the queue's head."""
 
-    fut: asyncio.Future[None]
+    wake: Callable[[GatewayError | None], bool]
     prompt_tokens: int
     slo: LatencySlo
     prefix_keys: tuple[int, ...] = ()

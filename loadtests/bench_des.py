@@ -6,12 +6,18 @@ The bench's resolved preset is translated into `des_cli` arguments, one `des_cli
 `summary.md`, plots). What does not translate is said: `direct` (there is no HTTP in virtual time), and
 workload parameters `des_cli` has no flag for (they fall back to its defaults). The DES sends the same
 number of requests at every load point: the preset's `requests`, else the largest point's count.
+
+Flow control runs as in the live bench's gateway (`--flow-control`: kvgate's admission queue and
+latency gate, with the preset's `flow_control` settings, e.g. `--predicted-admission off`), in the
+DES's own time (no time scale: the bands' waits are kvgate's defaults). Before 2026-12-05 the DES did
+not model flow control, and `--des` figures of that time are with the gate off.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -53,7 +59,7 @@ def des_argv(
         "--max-num-batched-tokens", str(fleet.max_num_batched_tokens),
         "--workload", plan.workload, "--tokenizer", preset.gateway_tokenizer, "--slo", preset.slo,
         "--seed", str(preset.seed), "--warmup-requests", str(preset.plan_warmup(plan)),
-        "--warmup-s", f"{preset.warmup_s:g}", "--drain", f"{preset.drain_s:g}",
+        "--warmup-s", f"{preset.warmup_s:g}", "--drain", f"{preset.drain_s:g}", "--flow-control",
     ]  # fmt: skip
     if fleet.kv_blocks is not None:
         argv += ["--kv-blocks", str(fleet.kv_blocks)]
@@ -97,13 +103,18 @@ def run_des(
     say: Callable[[str], None] = print,
 ) -> int:
     """Run each workload through `des_main` (`loadtests.des_cli.main`); the first non-zero exit code,
-    else 0. Custom profiles go to the DES through a generated gateway config (`OUT/des-gateway.yaml`)."""
+    else 0. Custom profiles and the preset's flow-control settings go to the DES through a generated
+    gateway config (`OUT/des-gateway.yaml`)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     config: Path | None = None
+    data: dict[str, Any] = {}
     if preset.profiles:
+        data["scheduling"] = {"profiles": {name: dict(spec) for name, spec in preset.profiles.items()}}
+    if preset.flow_control:
+        data["flow_control"] = dict(preset.flow_control)
+    if data:
         config = out_dir / "des-gateway.yaml"
-        profiles = {name: dict(spec) for name, spec in preset.profiles.items()}
-        config.write_text(yaml.safe_dump({"scheduling": {"profiles": profiles}}, sort_keys=False))
+        config.write_text(yaml.safe_dump(data, sort_keys=False))
     for plan in plans:
         runs, notes = des_argv(preset, plan, out_dir, config, progress=progress)
         for note in notes:

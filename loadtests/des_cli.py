@@ -105,6 +105,10 @@ def build_parser() -> argparse.ArgumentParser:
     gw.add_argument("--ledger", choices=LEDGERS, default="local",
                     help="in-flight counts a gateway knows: its own (local, as live) or every gateway's "
                          "(shared: a what-if)")
+    gw.add_argument("--flow-control", action="store_true",
+                    help="admit requests through each gateway's admission queue and latency gate, as "
+                         "configured (kvgate's defaults: on); without it every request is routed the "
+                         "moment it arrives and the latency gate is off")
     wl = p.add_argument_group("workload (lengths in tokens)")
     wl.add_argument("--workload", choices=sorted(WORKLOAD_TYPES), default="shared-prefix")
     wl.add_argument("--system-prompt-tokens", type=int, default=2048)
@@ -217,7 +221,8 @@ def run(args: argparse.Namespace, command: str) -> list[dict[str, Any]]:
             config = DesConfig(fleet, policy=policy, gateway=base, tokenizer=args.tokenizer,
                                scrape_interval_s=args.scrape_interval,
                                gateway_overhead_s=args.gateway_overhead_ms / 1e3,
-                               record_chunks=args.chunk_times, seed=args.seed, views=views)  # fmt: skip
+                               record_chunks=args.chunk_times, seed=args.seed, views=views,
+                               flow_control=args.flow_control)  # fmt: skip
             sim = Simulation(config)
             stream = iter(workload.requests())
             if args.warmup_requests:
@@ -265,6 +270,9 @@ def _line(record: dict[str, Any], result: DesResult) -> str:
     p99 = des["in_flight_skew"]["p99"]
     skew = "-" if p99 is None else f"{p99:.1f}"
     gateways = f", {des['gateways']} gateways" if des["gateways"] > 1 else ""
+    wait = des.get("gateway_wait_s")
+    if wait is not None:
+        gateways += f", held {wait['held']}/{wait['n']} at kvgate (wait p90 {s(wait['p90'])})"
     return (
         f"{record['policy']:>13} {record['workload']} {load}: {record['completed']}/{record['requests']} ok, "
         f"TTFT p50 {s(record['ttft_p50_s'])} p90 {s(record['ttft_p90_s'])}, "

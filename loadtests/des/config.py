@@ -27,6 +27,9 @@ class DesConfig:
     and at most `AUTO_CHUNK_REQUESTS`; see `loadtests.des.traces`). `seed` seeds routing ties,
     scrape phases and the spread of requests over gateways. `views`: how many gateways stand in
     front of the fleet and what each sees (`loadtests.des.gateways`; one gateway by default).
+    `flow_control`: each gateway admits requests through its own admission queue and latency gate
+    as configured (`gateway.flow_control`; off: every request is routed the moment it arrives, and
+    the gate's routing side is off too; `loadtests.des.gateway_model`).
     """
 
     fleet: FleetSpec
@@ -39,6 +42,7 @@ class DesConfig:
     record_chunks: bool | None = None
     seed: int = 0
     views: GatewayViews = field(default_factory=GatewayViews)
+    flow_control: bool = False
 
     def __post_init__(self) -> None:
         if self.gateway_overhead_s < 0:

@@ -20,8 +20,17 @@ gateway `Config` and calls them as the live request path does (`gateway/proxy.py
 - what each scrape tells routing (the prefix index's per-replica capacity from the scraped cache
   size, the group ledger's real prefix-cache counters): `Router.observe_scrape`, as live.
 
-Not modelled: authentication, rate limits and flow control (admission runs before routing and holds
-or refuses requests; see the run's docs), health checks and failover (simulated replicas never fail).
+Flow control, when the run models it (`DesConfig.flow_control`): the gateway's own `AdmissionQueue`
+(gateway/admission.py, with the latency gate of `flow_control.predicted_admission`) over this
+model's `FleetState`, called as `Tenancy.admit`/`settle` and the proxy call it: `admit` before routing
+(the band from the tenant and `x-kvgate-priority`, the SLO from the tenant and `x-kvgate-ttft-slo-ms`),
+`on_fleet_change` from the fleet's listener, `on_prefilled` at the first token, `leave` at the end.
+Each request's tenant is the workload's tenant name (the DES does not authenticate), with that
+tenant's `tenants[]` entry when the config has one (weight, band, SLO), else the defaults. The run
+keeps the waits in virtual time (loadtests.des.simulation).
+
+Not modelled: authentication, rate limits and quotas, health checks and failover (simulated replicas
+never fail); without `flow_control`, flow control either (every request is routed at once).
 
 Several gateway processes are several `GatewayModel`s over the same replicas (`loadtests.des.gateways`),
 each with its own `Router` (prefix index, session map) and `FleetState` (in-flight ledger, scrapes).
@@ -36,21 +45,28 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from gateway.admission import AdmissionQueue, Held
 from gateway.config import Config, ReplicaConfig, TenantLimits, parse_config
+from gateway.errors import GatewayError
 from gateway.fleet.metrics_parse import ReplicaMetrics
 from gateway.fleet.models_parse import ServedModels
 from gateway.fleet.state import FleetChange, FleetState
 from gateway.latency_store import LatencyStore
+from gateway.metrics import GatewayMetrics
 from gateway.request_parse import Endpoint
 from gateway.routing import PromptFacts, Router
+from gateway.tenants import Tenant, TenantRegistry
 from policies.exact_keys import pack_tokens
 from policies.latency.estimator import Prediction
+from policies.latency_admission import TTFT_SLO_HEADER, LatencySlo, parse_ttft_slo_header
 from policies.prefix import seed_for, token_block_keys
 from policies.prefix_source import PrefixSource
+from policies.tenancy import choose_band
 from policies.types import RequestInfo
 from simulator.engine import EngineStats
 
 _DEFAULT_OUTPUT_CAP = TenantLimits().max_output_tokens
+PRIORITY_HEADER = "x-kvgate-priority"
 _ANONYMOUS = "anonymous"
 
 
@@ -88,13 +104,14 @@ def gateway_config(
     scrape_interval_s: float | None = None,
     stale_after_s: float | None = None,
     seed: int | None = None,
+    flow_control: bool = False,
 ) -> Config:
     """The gateway config of a simulated fleet: `base` (a `Config`, its YAML data, or None for the
     defaults) with its replicas replaced by `names` serving pool `model`, and the given overrides.
 
     Replica URLs are `http://<name>.des.invalid` (never contacted). `tokenizer` ("none" or "sim")
-    applies to pool `model`. Times are virtual seconds. `flow_control.predicted_admission` is always
-    off: the discrete-event mode does not model flow control, and the gate's routing side (the
+    applies to pool `model`. Times are virtual seconds. Without `flow_control` (the run does not
+    model it), `flow_control.predicted_admission` is turned off: the gate's routing side (the
     `latency-knee` filter) must not act without its admission side.
     """
     data: dict[str, Any]
@@ -115,9 +132,10 @@ def gateway_config(
     if stale_after_s is not None:
         fleet["stale_after_s"] = stale_after_s
     data["fleet"] = fleet
-    # Flow control is not modelled (module docstring), so neither is the latency gate; with it off the
-    # router's `latency-knee` filter is a no-op too, and routing is what it was before the filter.
-    data["flow_control"] = {**dict(data.get("flow_control") or {}), "predicted_admission": False}
+    if not flow_control:
+        # Flow control is not modelled (module docstring), so neither is the latency gate; with it off
+        # the router's `latency-knee` filter is a no-op too, and routing is what it was before it.
+        data["flow_control"] = {**dict(data.get("flow_control") or {}), "predicted_admission": False}
     if tokenizer is not None:
         models = [m for m in data.get("models") or () if m.get("name") != model]
         data["models"] = [*models, {"name": model, "tokenizer": tokenizer}]
@@ -130,11 +148,13 @@ class GatewayModel:
     `names` are the replicas in config order; `clock()` is the run's virtual clock; `rng` is the
     scheduling profile's random source (the live gateway seeds it from `scheduling.seed`). `index`
     replaces the router's own approximate prefix index (see `policies.prefix_source`); `number` names
-    this gateway among several (`loadtests.des.gateways`).
+    this gateway among several (`loadtests.des.gateways`). With `flow_control` (and the config's
+    `flow_control.enabled`), `admission` is the gateway's admission queue, else None.
     """
 
     def __init__(self, config: Config, clock: Callable[[], float], rng: random.Random,
-                 index: PrefixSource | None = None, number: int = 0) -> None:  # fmt: skip
+                 index: PrefixSource | None = None, number: int = 0,
+                 flow_control: bool = False) -> None:  # fmt: skip
         self.config = config
         self.number = number
         self.routed = 0  # requests this gateway routed
@@ -146,6 +166,13 @@ class GatewayModel:
         self._clock = clock
         self._session_header = config.scheduling.session_header.lower()
         self._token_blocks = {m.name for m in config.models if m.tokenizer == "sim"}
+        self.admission: AdmissionQueue | None = None
+        if flow_control and config.flow_control.enabled:
+            fc = config.flow_control
+            self.admission = AdmissionQueue(
+                fc, config.fleet.stale_after_s, self.fleet, GatewayMetrics(), clock, self.router.latency
+            )
+        self._tenants = TenantRegistry(config)
         self.fleet.add_listener(self._on_fleet_change)
 
     @property
@@ -170,6 +197,8 @@ class GatewayModel:
 
     def _on_fleet_change(self, replica: str, change: FleetChange) -> None:
         self.router.observe_scrape(self.fleet, replica, change)
+        if self.admission is not None:
+            self.admission.on_fleet_change(replica, change)
 
     # -- the request path -----------------------------------------------------------------------------
 
@@ -213,6 +242,43 @@ class GatewayModel:
             prompt_tokens_exact=facts.exact,
             token_bytes=facts.token_bytes,
         )
+
+    def admit(
+        self, info: RequestInfo, wake: Callable[[GatewayError | None], bool],
+        headers: Mapping[str, str] | None = None,
+    ) -> Held | None:  # fmt: skip
+        """Flow control for `info` (module docstring): None when it may be routed now (also when flow
+        control is off), else its place in the queue: `wake` is called with None when it may go, or
+        with the error it is refused with while waiting. Raises GatewayError as `Tenancy.admit`
+        does (400 for a malformed `x-kvgate-priority` or `x-kvgate-ttft-slo-ms`, 429/503)."""
+        admission = self.admission
+        if admission is None:
+            return None
+        tenant = self._tenants.get(info.tenant) or Tenant(info.tenant)
+        priority = _header(headers, PRIORITY_HEADER) if headers else None
+        try:
+            band = choose_band(tenant.band, priority)
+        except ValueError as err:
+            raise GatewayError(400, f"{PRIORITY_HEADER}: {err}") from None
+        raw = _header(headers, TTFT_SLO_HEADER) if headers else None
+        try:
+            slo = tenant.slo.tighten(LatencySlo(parse_ttft_slo_header(None if raw is None else raw.encode())))
+        except ValueError as err:
+            raise GatewayError(400, f"{TTFT_SLO_HEADER}: {err}") from None
+        return admission.admit(
+            info.base_model, tenant.name, tenant.weight, band, info.reserved_tokens, info.prompt_tokens,
+            slo, info.prefix_keys, wake,
+        )  # fmt: skip
+
+    def prefilled(self, info: RequestInfo) -> None:
+        """`info`'s first token came back (a capacity event for the latency gate)."""
+        if self.admission is not None:
+            self.admission.on_prefilled(info.base_model)
+
+    def left(self, info: RequestInfo) -> None:
+        """A request `admit` let through has ended, whatever the outcome (the tenant's settle)."""
+        if self.admission is not None:
+            self.admission.leave(info.base_model, info.tenant)
 
     def route(self, info: RequestInfo, now: float) -> Routed:
         """Decide and dispatch: the winner's in-flight count and prefix index are updated at once, as

@@ -97,13 +97,20 @@ class Gateways:
     """
 
     def __init__(self, views: GatewayViews, config: Config, queue: EventQueue, replicas: Sequence[SimReplica],
-                 seed: int, scrape_kind: int, apply_kind: int) -> None:  # fmt: skip
+                 seed: int, scrape_kind: int, apply_kind: int,
+                 flow_control: bool = False) -> None:  # fmt: skip
         self.views = views
         self.queue = queue
         self.replicas = replicas
         self.models = [
-            GatewayModel(config, queue.clock, random.Random(_seed("des-route", seed, k)),
-                         index=views.index_source(), number=k)
+            GatewayModel(
+                config,
+                queue.clock,
+                random.Random(_seed("des-route", seed, k)),
+                index=views.index_source(),
+                number=k,
+                flow_control=flow_control,
+            )
             for k in range(views.gateways)
         ]
         self.exact: list[DesExactSource] = []

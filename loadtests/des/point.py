@@ -44,7 +44,7 @@ class LoadPoint:
                  "gateway_routed0",
                  "incomplete", "itl", "load", "on_done", "open", "prompt_tokens", "record_chunks", "route_s",
                  "routed0", "scrape_s", "sends_pending", "skew", "start", "stats0", "timeouts", "tokenize_s",
-                 "tokens0", "traces", "ttft_errors", "wall0", "workload_s")  # fmt: skip
+                 "tokens0", "traces", "ttft_errors", "waits", "wall0", "workload_s")  # fmt: skip
 
     def __init__(self, load: LoadConfig, start: float, record_chunks: bool,
                  on_done: Callable[[RequestTrace], None] | None, replicas: Sequence[SimReplica],
@@ -74,6 +74,9 @@ class LoadPoint:
         # Per request id, the latency model's TTFT error (scored at its first token); the outcome
         # keeps the measured requests' (after the warm-up), as every other measure does.
         self.ttft_errors: dict[str, float] = {}
+        # Per request id, seconds from its send to its dispatch, with flow control modelled (the
+        # time it was held in the gateway's admission queue).
+        self.waits: dict[str, float] = {}
 
     def outcome(self, config: DesConfig, replicas: Sequence[SimReplica], queue: EventQueue,
                 tokenizer: PromptTokenizer, gateways: Gateways) -> DesResult:  # fmt: skip
@@ -117,7 +120,30 @@ class LoadPoint:
             in_flight_skew=SkewStats.of(self.skew),
             gateway_requests=tuple(m.routed - r0 for m, r0 in zip(gateways.models, self.gateway_routed0,
                                                                    strict=True)),
-            extra={"ttft_prediction_error": prediction_errors(
-                errors[t.request_id] for t in measured(self.traces, warmup_end) if t.request_id in errors
-            )},
+            extra={
+                "ttft_prediction_error": prediction_errors(
+                    errors[t.request_id] for t in measured(self.traces, warmup_end) if t.request_id in errors
+                ),
+                **self._flow_figures(config, warmup_end),
+            },
         )
+
+    def _flow_figures(self, config: DesConfig, warmup_end: float) -> dict[str, object]:
+        """With flow control modelled: the measured requests' waits in the admission queue (those
+        dispatched: count, how many waited at all, p50 and p90 in seconds)."""
+        if not config.flow_control:
+            return {"flow_control": False}
+        waits = self.waits
+        ordered = sorted(
+            waits[t.request_id] for t in measured(self.traces, warmup_end) if t.request_id in waits
+        )
+        n = len(ordered)
+        return {
+            "flow_control": True,
+            "gateway_wait_s": {
+                "n": n,
+                "held": sum(1 for w in ordered if w > 0),
+                "p50": ordered[(n - 1) // 2] if n else None,
+                "p90": ordered[min(n - 1, int(0.9 * n))] if n else None,
+            },
+        }

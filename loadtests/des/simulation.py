@@ -17,6 +17,12 @@ objects (`gateway_model.GatewayModel`) and the simulator's engine model (`fleet.
   in-flight counts move;
 - ARRIVAL (open loop), ALARM (request timeouts, `request_timeout_s`), DRAIN (`duration_s +
   drain_timeout_s`: what is still running is cancelled and counted `incomplete`).
+- With flow control modelled (`DesConfig.flow_control`), the gateway admits a request before routing
+  it (`GatewayModel.admit`: the live `AdmissionQueue`): refused requests end with its status (503,
+  429, 400), held ones wait in its queue until it releases them (ADMIT, at the instant of the
+  capacity event that did: a finished request, a scrape, a first token) or their band's
+  `max_wait_s` passes (WAIT_END: 503). A client that times out while its request waits leaves
+  the queue.
 
 Overheads: none for the network; `gateway_overhead_s` (default 0) is a fixed delay per request
 between the client's send and the routing decision (the replica gets the request then).
@@ -48,26 +54,29 @@ import heapq
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sized
 from dataclasses import replace
+from functools import partial
 from typing import Any
 
+from gateway.errors import GatewayError
 from loadtests.des.arrivals import LoadClients
 from loadtests.des.config import AUTO_CHUNK_REQUESTS, DesConfig
 from loadtests.des.events import EventQueue
 from loadtests.des.fleet import SimReplica, build_replicas
-from loadtests.des.gateway_model import RouteError, gateway_config
+from loadtests.des.gateway_model import GatewayModel, RouteError, gateway_config
 from loadtests.des.gateways import Gateways
 from loadtests.des.outcome import DesResult
 from loadtests.des.point import LoadPoint
 from loadtests.des.prompts import PromptError, PromptTokenizer, body_prompt_ids
-from loadtests.des.traces import OpenRequest
+from loadtests.des.traces import OpenRequest, Waiting
 from loadtests.measures import RequestTrace
 from loadtests.runner import LoadConfig
 from loadtests.workloads.spec import RequestSpec
+from policies.types import RequestInfo
 from simulator.engine import EngineRequest
 from simulator.server.openai_schema import DEFAULT_MAX_TOKENS
 
 # Event kinds (plain ints: they are compared on every event).
-SEND, ROUTE, STEP_END, SCRAPE, ARRIVAL, ALARM, DRAIN, APPLY, KV_EVENTS = range(9)
+SEND, ROUTE, STEP_END, SCRAPE, ARRIVAL, ALARM, DRAIN, APPLY, KV_EVENTS, ADMIT, WAIT_END = range(11)
 
 GC_GEN0_THRESHOLD = 50_000
 """Allocations between young-generation collections while `Simulation.run` runs (CPython's is 700)."""
@@ -95,11 +104,18 @@ class Simulation:
         self.queue = EventQueue()
         self.replicas: list[SimReplica] = build_replicas(fleet)
         gw_config = gateway_config(
-            config.gateway, fleet.names, fleet.model_name, policy=config.policy, tokenizer=tokenizer,
-            scrape_interval_s=config.scrape_interval_s, stale_after_s=config.stale_after_s, seed=config.seed,
+            config.gateway,
+            fleet.names,
+            fleet.model_name,
+            policy=config.policy,
+            tokenizer=tokenizer,
+            scrape_interval_s=config.scrape_interval_s,
+            stale_after_s=config.stale_after_s,
+            seed=config.seed,
+            flow_control=config.flow_control,
         )
         self.gateways = Gateways(config.views, gw_config, self.queue, self.replicas, config.seed,
-                                 SCRAPE, APPLY)  # fmt: skip
+                                 SCRAPE, APPLY, config.flow_control)  # fmt: skip
         self.gateway = self.gateways.models[0]
         self.tokenizer = PromptTokenizer()
         self.next_id = 0
@@ -127,8 +143,9 @@ class Simulation:
             count = load.max_requests if load.max_requests is not None else _known_size(specs)
             record = count is not None and count <= AUTO_CHUNK_REQUESTS
         now = queue.now
-        point = self._point = LoadPoint(load, now, record, on_done, self.replicas, queue, self.tokenizer,
-                                        self.gateways)
+        point = self._point = LoadPoint(
+            load, now, record, on_done, self.replicas, queue, self.tokenizer, self.gateways
+        )
         point.clients = clients = LoadClients(self._timed(specs, point), load, start=now)
         for spec, start in clients.start(now):
             self._push_send(spec, start)
@@ -231,6 +248,10 @@ class Simulation:
                 self._send(spec, start)
         elif kind == ROUTE:
             self._route(arg)
+        elif kind == ADMIT:
+            self._admitted(*arg)
+        elif kind == WAIT_END:
+            self._wait_end(arg)
         elif kind == KV_EVENTS:
             self.gateways.receive_events(*arg)
         elif kind == ARRIVAL and self._point is not None and arg is self._point:
@@ -291,12 +312,78 @@ class Simulation:
             return
         t1 = perf()
         point.tokenize_s += t1 - t0
-        gws = self.gateways
-        gw = gws.pick()
+        gw = self.gateways.pick()
         try:
             info = gw.request_info(
                 spec.endpoint, body, prompt_ids=ids, tenant=spec.tenant, headers=spec.headers
             )
+        except RouteError as err:
+            point.route_s += perf() - t1
+            self._fail(o, err.status, f"http: {err.status} {err.message}")
+            return
+        if gw.admission is not None:
+            # Its place is taken before `admit` returns: the queue may release it at once.
+            o.wait = wait = Waiting(gw, info, ids)
+            try:
+                held = gw.admit(info, partial(self._wake, o, wait), spec.headers)
+            except GatewayError as err:
+                o.wait = None
+                point.route_s += perf() - t1
+                self._fail(o, err.status, f"http: {err.status} {err.message}")
+                return
+            if held is not None:
+                point.route_s += perf() - t1
+                wait.held = held
+                self.queue.push(now + held.max_wait_s, WAIT_END, o)
+                return
+            o.wait = None
+            o.admitted = (gw, info)
+        self._dispatch(o, gw, info, ids, t1)
+
+    def _wake(self, o: OpenRequest, wait: Waiting, refused: GatewayError | None) -> bool:
+        """The gateway's queue releases (None) or refuses the waiting `o`: at an ADMIT event now, as
+        the waiter's task resumes on the next turn of the live event loop. False when it has left."""
+        if wait.woken or o.wait is not wait:
+            return False
+        wait.woken = True
+        self.queue.push(self.queue.now, ADMIT, (o, refused))
+        return True
+
+    def _admitted(self, o: OpenRequest, refused: GatewayError | None) -> None:
+        wait = o.wait
+        if wait is None or wait.held is None or o.engine_id not in self._require().open:
+            return  # it left while the release was on its way (`_abort` ended the wait)
+        o.wait = None
+        gw, held = wait.gateway, wait.held
+        assert gw.admission is not None
+        if refused is not None:
+            gw.admission.end_wait(held, False, "cancelled")
+            self._fail(o, refused.status, f"http: {refused.status} {refused.message}")
+            return
+        gw.admission.end_wait(held, True, "dispatched")
+        o.admitted = (gw, wait.info)
+        self._dispatch(o, gw, wait.info, wait.ids, time.perf_counter())
+
+    def _wait_end(self, o: OpenRequest) -> None:
+        wait = o.wait
+        if wait is None or wait.woken or wait.held is None or o.engine_id not in self._require().open:
+            return  # released, or it left, before its band's max wait
+        o.wait = None
+        admission = wait.gateway.admission
+        assert admission is not None
+        err = admission.timed_out(wait.held)
+        admission.end_wait(wait.held, False, "timeout")
+        self._fail(o, err.status, f"http: {err.status} {err.message}")
+
+    def _dispatch(
+        self, o: OpenRequest, gw: GatewayModel, info: RequestInfo, ids: list[int], t1: float
+    ) -> None:
+        """Route `o` (admitted, or flow control not modelled) on `gw` and hand it to its replica."""
+        point, perf, now = self._require(), time.perf_counter, self.queue.now
+        spec = o.spec
+        body = spec.body
+        gws = self.gateways
+        try:
             routed = gw.route(info, now)
         except RouteError as err:
             point.route_s += perf() - t1
@@ -305,6 +392,8 @@ class Simulation:
         gws.dispatched(routed)
         point.skew.append(gws.skew())
         point.route_s += perf() - t1
+        if gw.admission is not None:
+            point.waits[spec.request_id] = now - o.start
         o.routed = routed
         o.replica = routed.replica
         o.prompt_tokens = len(ids)
@@ -316,8 +405,9 @@ class Simulation:
             self._fail(o, 400, f"http: 400 {error}")
             return
         seed = body.get("seed")
-        request = EngineRequest(o.engine_id, ids, max_tokens, adapter=info.adapter,
-                                seed=seed if type(seed) is int else 0)
+        request = EngineRequest(
+            o.engine_id, ids, max_tokens, adapter=info.adapter, seed=seed if type(seed) is int else 0
+        )
         if rep.submit(request, now):
             self._start_step(rep, now)
 
@@ -366,11 +456,21 @@ class Simulation:
             o = get(finished.request_id)
             if o is None:
                 continue
-            self._end(o, o.trace(end, output_tokens=finished.generation_tokens,
-                                 cached_tokens=finished.cached_tokens, replica_name=rep.name))
+            self._end(
+                o,
+                o.trace(
+                    end,
+                    output_tokens=finished.generation_tokens,
+                    cached_tokens=finished.cached_tokens,
+                    replica_name=rep.name,
+                ),
+            )
 
     def _first_token(self, point: LoadPoint, o: OpenRequest, end: float) -> None:
         o.first = end
+        if o.admitted is not None:
+            gw, info = o.admitted
+            gw.prefilled(info)
         if o.routed is not None:
             error = self.gateways.first_token(o.routed, end)
             if error is not None:
@@ -383,6 +483,9 @@ class Simulation:
             out = trace.output_tokens
             tpot = (o.last - o.first) / (out - 1) if o.first is not None and out >= 2 else None
             self.gateways.finished(o.routed, o.first is not None, tpot)
+        if o.admitted is not None:
+            gw, info = o.admitted
+            gw.left(info)
         point.traces.append(trace)
         if point.on_done is not None:
             point.on_done(trace)
@@ -398,8 +501,17 @@ class Simulation:
 
     def _fail(self, o: OpenRequest, status: int, error: str) -> None:
         name = self.replicas[o.replica].name if o.replica >= 0 else None
-        self._end(o, o.trace(self.queue.now, output_tokens=0, cached_tokens=None, status=status, error=error,
-                             replica_name=name))
+        self._end(
+            o,
+            o.trace(
+                self.queue.now,
+                output_tokens=0,
+                cached_tokens=None,
+                status=status,
+                error=error,
+                replica_name=name,
+            ),
+        )
 
     def _timeout_error(self) -> str:
         return f"timeout: no complete response within {self._require().load.request_timeout_s:g}s"
@@ -422,7 +534,14 @@ class Simulation:
             self.queue.push(point.alarm_at, ALARM, point)
 
     def _abort(self, o: OpenRequest) -> None:
-        """The client left: the gateway cancels the upstream request (the replica frees its blocks)."""
+        """The client left: the gateway cancels the upstream request (the replica frees its blocks),
+        or takes it out of its admission queue."""
+        wait = o.wait
+        if wait is not None and wait.held is not None:
+            o.wait = None
+            admission = wait.gateway.admission
+            assert admission is not None
+            admission.end_wait(wait.held, wait.woken, "cancelled")
         if o.replica >= 0:
             self.replicas[o.replica].abort(o.engine_id, self.queue.now)
             self.gateways.engine_changed(o.replica)
@@ -439,6 +558,9 @@ class Simulation:
             del point.open[o.engine_id]
             if o.routed is not None:
                 self.gateways.finished(o.routed, o.first is not None)
+            if o.admitted is not None:
+                gw, info = o.admitted
+                gw.left(info)
             point.incomplete += 1
 
     # -- the outcome ----------------------------------------------------------------------------------
@@ -469,4 +591,3 @@ def _engine_max_tokens(endpoint: str, body: Mapping[str, Any]) -> int:
     if cap is None:
         cap = body.get("max_tokens")
     return cap if type(cap) is int else DEFAULT_MAX_TOKENS
-

@@ -17,11 +17,28 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from loadtests.des.gateway_model import Routed
+from gateway.admission import Held
+from loadtests.des.gateway_model import GatewayModel, Routed
 from loadtests.measures import LatencyStats, RequestTrace
 from loadtests.workloads.spec import RequestSpec
+from policies.types import RequestInfo
 
 _US = 1_000_000
+
+
+class Waiting:
+    """A request in a gateway's admission queue (flow control modelled): the gateway, the request as
+    it saw it, its prompt's token ids, its place (`held`, set once `admit` returns) and whether it
+    was woken (released or refused; then an ADMIT event is due)."""
+
+    __slots__ = ("gateway", "held", "ids", "info", "woken")
+
+    def __init__(self, gateway: GatewayModel, info: RequestInfo, ids: list[int]) -> None:
+        self.gateway = gateway
+        self.info = info
+        self.ids = ids
+        self.held: Held | None = None
+        self.woken = False
 
 
 class OpenRequest:
@@ -29,10 +46,24 @@ class OpenRequest:
 
     `engine_id` is unique within the run (spec ids need not be). `replica` is the index of the
     replica it was routed to (-1 before routing); `chunks` is None when chunk times are not kept.
+    With flow control modelled: `admitted` is the gateway that let it through and the request as
+    it saw it (None before, or when not modelled), `wait` its place in that gateway's queue while
+    it waits there.
     """
 
-    __slots__ = ("chunks", "engine_id", "first", "last", "prompt_tokens", "replica", "routed", "spec",
-                 "start")
+    __slots__ = (
+        "admitted",
+        "chunks",
+        "engine_id",
+        "first",
+        "last",
+        "prompt_tokens",
+        "replica",
+        "routed",
+        "spec",
+        "start",
+        "wait",
+    )
 
     def __init__(self, spec: RequestSpec, start: float, engine_id: str, record_chunks: bool) -> None:
         self.spec = spec
@@ -40,6 +71,8 @@ class OpenRequest:
         self.engine_id = engine_id
         self.routed: Routed | None = None
         self.replica = -1
+        self.admitted: tuple[GatewayModel, RequestInfo] | None = None
+        self.wait: Waiting | None = None
         self.prompt_tokens: int | None = None
         self.first: float | None = None
         self.last = start

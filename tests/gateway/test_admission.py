@@ -4,17 +4,18 @@ or are refused, in which order they are released, and that a release is counted 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
 
-from gateway.admission import AdmissionQueue
+from gateway.admission import AdmissionQueue, Held
 from gateway.config import FleetConfig, FlowControlConfig, ReplicaConfig
 from gateway.errors import GatewayError
 from gateway.fleet.metrics_parse import ReplicaMetrics
 from gateway.fleet.state import FleetState
 from gateway.metrics import GatewayMetrics
+from policies.latency_admission import NO_SLO
 from policies.types import Band
 from tests.gateway.stores.fakes import FakeClock
 
@@ -399,3 +400,34 @@ async def test_critical_requests_are_not_held_back_by_the_reserve() -> None:
     for t in [*tasks, crit]:
         t.cancel()
     await asyncio.gather(*tasks, crit, return_exceptions=True)
+
+
+def test_admit_may_release_the_request_before_it_returns() -> None:
+    # `admit` pushes, then drains: a request that goes ahead of the queue (here a critical one, with
+    # a slot free that no capacity event has announced) is woken inside the call. A caller must be
+    # ready for that wake before `admit` returns (the discrete-event mode once was not).
+    h = Harness()
+    for _ in range(2):  # r1, r2: the replica's two slots
+        assert h.adm.admit(POOL, "t", 1.0, Band.STANDARD, 100, 0, NO_SLO, (), lambda _e: True) is None
+        h.fleet.dispatched("a", 1)
+    woken: list[tuple[str, bool, object]] = []
+    held: dict[str, Held | None] = {}
+
+    def wake(label: str) -> Callable[[GatewayError | None], bool]:
+        def call(err: GatewayError | None) -> bool:
+            woken.append((label, label in held, err))
+            return True
+
+        return call
+
+    held["std"] = h.adm.admit(POOL, "t", 1.0, Band.STANDARD, 100, 0, NO_SLO, (), wake("std"))
+    assert held["std"] is not None and woken == [] and h.adm.depth == 1
+    h.fleet.remove_listener(h.adm.on_fleet_change)
+    h.fleet.finished("a", 1)  # a slot frees unannounced
+    held["crit"] = h.adm.admit(POOL, "u", 1.0, Band.CRITICAL, 100, 0, NO_SLO, (), wake("crit"))
+    assert woken == [("crit", False, None)]  # woken inside `admit`, before it returned
+    crit = held["crit"]
+    assert crit is not None and h.adm.depth == 1  # std still waits: one slot
+    h.adm.end_wait(crit, True, "dispatched")
+    h.fleet.dispatched("a", 1)
+    assert h.adm.depth_in(POOL) == 1 and h.adm.in_flight_of("u") == 1

@@ -37,6 +37,7 @@ def test_the_preset_becomes_des_cli_arguments_its_parser_reads(tmp_path: Path) -
     assert (args.duration, open_args.duration) == (preset.max_duration_s, preset.open_duration_s)
     assert args.requests == max(preset.point_requests(m, x) for m, x in preset.load_points())
     assert args.warmup_requests == preset.plan_warmup(plan) and args.slo == preset.slo and args.no_progress
+    assert args.flow_control  # as the live bench's gateway runs
     assert notes == ["direct skipped: there is no HTTP path in virtual time"]
 
 
@@ -75,6 +76,24 @@ def test_custom_profiles_reach_the_des_through_a_gateway_config(tmp_path: Path) 
     assert outs == [str(tmp_path / f"des-{p.name}") for p in preset.workloads]
     config_path = Path(calls[0][calls[0].index("--gateway-config") + 1])
     assert set(yaml.safe_load(config_path.read_text())["scheduling"]["profiles"]) == set(preset.profiles)
+
+
+def test_the_presets_flow_control_settings_reach_the_des(tmp_path: Path) -> None:
+    preset = dataclasses.replace(
+        get_preset("tiny"), flow_control={"predicted_admission": False, "knee_factor": 2.0}
+    )
+    calls: list[list[str]] = []
+
+    def fake_main(argv: Sequence[str]) -> int:
+        calls.append(list(argv))
+        return 0
+
+    assert run_des(preset, preset.workloads, tmp_path, fake_main, progress=False, say=lambda _: None) == 0
+    config_path = Path(calls[0][calls[0].index("--gateway-config") + 1])
+    assert yaml.safe_load(config_path.read_text()) == {
+        "flow_control": {"predicted_admission": False, "knee_factor": 2.0}
+    }
+    assert "--flow-control" in calls[0]
 
 
 def test_run_des_stops_at_the_first_failure(tmp_path: Path) -> None:
