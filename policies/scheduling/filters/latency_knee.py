@@ -21,8 +21,8 @@ would follow it there), which is the cost `predicted-latency` weighs against the
 `work_weight`). Without it the filter moved requests off their prefix's replica as soon as about a
 quarter of a prompt's prefill was queued beyond the knee, where the scorer would have kept them:
 on shared prefixes past the knee both profiles lost goodput and hit rate to it, in the DES with
-flow control modelled (docs/benchmarks.md, "The latency-knee filter and held prefixes"). With no
-prefix held (random prompts, a flood's) the bound is the gate's.
+flow control modelled (docs/benchmarks.md, "Flow control in the DES, and the `latency-knee` filter
+with held prefixes"). With no prefix held (random prompts, a flood's) the bound is the gate's.
 
 When no candidate is within the knee (a light tenant's request admitted at `light_knee_factor`, a
 tenant alone at `solo_knee_factor`, a critical request, a hard cap's room), it keeps those within
