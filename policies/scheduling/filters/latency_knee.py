@@ -10,11 +10,19 @@ one replica prefills a flood's 1,024-token prompt goes to the other one (docs/be
 
     predicted = the request's predicted TTFT there now, its prefix match counted (its uncached part)
     bound     = `knee_factor` x its unloaded TTFT there for the WHOLE prompt (the gate's bound)
+                + the prefill seconds there of the prefix the replica holds (what it saves)
 
 The bound prices the whole prompt, as the gate does: a replica holding the prefix has a smaller
 predicted TTFT against the same bound, so a cache hit counts for the replica that holds it, never
 against it (a bound on the uncached part alone would call a held prefix "over the knee" as soon as
-anything was queued there, and move the conversation).
+anything was queued there, and move the conversation). The held prefix counts a second time in the
+bound: sent elsewhere, the request would prefill those tokens again (and its prefix's next requests
+would follow it there), which is the cost `predicted-latency` weighs against the queue (its
+`work_weight`). Without it the filter moved requests off their prefix's replica as soon as about a
+quarter of a prompt's prefill was queued beyond the knee, where the scorer would have kept them:
+on shared prefixes past the knee both profiles lost goodput and hit rate to it, in the DES with
+flow control modelled (docs/benchmarks.md, "Flow control in the DES, and the `latency-knee` filter
+with held prefixes"). With no prefix held (random prompts, a flood's) the bound is the gate's.
 
 When no candidate is within the knee (a light tenant's request admitted at `light_knee_factor`, a
 tenant alone at `solo_knee_factor`, a critical request, a hard cap's room), it keeps those within
@@ -39,6 +47,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
+from policies.latency.replica_model import TTFT_X_TOKENS
 from policies.scheduling.context import SchedulingContext, latency_quotes
 from policies.types import ReplicaState
 
@@ -56,9 +65,11 @@ class LatencyKneeFilter:
         if knee is None or est is None or len(candidates) < 2:
             return candidates
         quotes = latency_quotes(ctx, candidates)  # the decision's quotes: the scorer reads them too
+        whole = ctx.request.prompt_tokens
         kept = []
-        for r, (predicted, _, _, _, unloaded) in zip(candidates, quotes, strict=True):
-            if predicted <= knee * unloaded:
+        for r, (predicted, own, slope, _, unloaded) in zip(candidates, quotes, strict=True):
+            saving = slope * (whole - own) / TTFT_X_TOKENS if own < whole else 0.0
+            if predicted <= knee * unloaded + saving:
                 kept.append(r)
         if not kept:
             bound = knee * min(q[0] for q in quotes)

@@ -4,7 +4,7 @@ import random
 
 from policies.latency.estimator import LatencyEstimator
 from policies.scheduling.builtin_profiles import BUILTIN_PROFILE_NAMES, build_builtin_profile
-from policies.scheduling.context import SchedulingContext
+from policies.scheduling.context import SchedulingContext, latency_quotes
 from policies.scheduling.filters.latency_knee import LatencyKneeFilter
 from policies.types import ReplicaState, RequestInfo
 from tests.policies.scheduling.builders import NOW, names, replica
@@ -88,6 +88,26 @@ def test_a_held_prefix_counts_for_its_replica_not_against_it() -> None:
     prefilling(est, a, 200)
     match = {"a": 0.9 * PROMPT / BLOCK}
     assert names(LatencyKneeFilter().filter(ctx(est, 1.25, match), [a, b])) == ["a", "b"]
+
+
+def test_a_held_prefix_also_counts_the_prefill_moving_away_would_repeat() -> None:
+    # a holds 75% of the prompt but has 1,400 tokens of prefill queued: its predicted TTFT is past
+    # 1.25 x the whole prompt's unloaded TTFT, yet within it plus the 768 tokens it saves. Sending
+    # the request to an idle replica would re-prefill those there (and the next request of its
+    # prefix would follow it): a stays. b, with the same queue and nothing held, is past the knee.
+    est = LatencyEstimator(BLOCK)
+    a, b, c = replica("a"), replica("b"), replica("c")
+    prefilling(est, a, 1400)
+    prefilling(est, b, 1400)
+    match = {"a": 0.75 * PROMPT / BLOCK}
+    context = ctx(est, 1.25, match)
+    quotes = dict(zip("abc", latency_quotes(context, [a, b, c]), strict=True))
+    unloaded = quotes["a"][4]
+    saving = est.prefill_s(a, PROMPT - quotes["a"][1])
+    assert 1.25 * unloaded < quotes["a"][0] <= 1.25 * unloaded + saving  # the case this test is about
+    assert names(LatencyKneeFilter().filter(context, [a, b, c])) == ["a", "c"]
+    # Holding nothing saves nothing: the same queue without the prefix is past the knee.
+    assert names(LatencyKneeFilter().filter(ctx(est, 1.25), [a, b, c])) == ["c"]
 
 
 def test_every_built_in_profile_routes_away_from_the_replica_past_the_knee() -> None:

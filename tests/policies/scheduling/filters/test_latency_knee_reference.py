@@ -49,7 +49,8 @@ def reference_kept(ctx: SchedulingContext, candidates: Sequence[ReplicaState]) -
         predicted = predicted_of[r.name] = reference_cost_s(
             est.model(r.name, r.pool), r, fresh, uncached, ctx.now, 0.0
         )
-        if predicted <= knee * est.unloaded_ttft_s(r, prompt):
+        saving = est.prefill_s(r, prompt - uncached)  # the prefill its held prefix saves
+        if predicted <= knee * est.unloaded_ttft_s(r, prompt) + saving:
             kept.append(r)
     if kept:
         return kept
