@@ -105,14 +105,16 @@ def gateway_config(
     stale_after_s: float | None = None,
     seed: int | None = None,
     flow_control: bool = False,
+    latency_prior: str | None = None,
 ) -> Config:
     """The gateway config of a simulated fleet: `base` (a `Config`, its YAML data, or None for the
     defaults) with its replicas replaced by `names` serving pool `model`, and the given overrides.
 
     Replica URLs are `http://<name>.des.invalid` (never contacted). `tokenizer` ("none" or "sim")
-    applies to pool `model`. Times are virtual seconds. Without `flow_control` (the run does not
-    model it), `flow_control.predicted_admission` is turned off: the gate's routing side (the
-    `latency-knee` filter) must not act without its admission side.
+    applies to pool `model`; `latency_prior` (a simulator profile name) becomes its
+    `models[].latency_prior` unless `base` gives one. Times are virtual seconds. Without
+    `flow_control` (the run does not model it), `flow_control.predicted_admission` is turned off:
+    the gate's routing side (the `latency-knee` filter) must not act without its admission side.
     """
     data: dict[str, Any]
     if isinstance(base, Config):
@@ -136,9 +138,19 @@ def gateway_config(
         # Flow control is not modelled (module docstring), so neither is the latency gate; with it off
         # the router's `latency-knee` filter is a no-op too, and routing is what it was before it.
         data["flow_control"] = {**dict(data.get("flow_control") or {}), "predicted_admission": False}
-    if tokenizer is not None:
-        models = [m for m in data.get("models") or () if m.get("name") != model]
-        data["models"] = [*models, {"name": model, "tokenizer": tokenizer}]
+    if tokenizer is not None or latency_prior is not None:
+        models = [dict(m) for m in data.get("models") or ()]
+        entry = next((m for m in models if m.get("name") == model), None)
+        if entry is None:
+            entry = {"name": model}
+            models.append(entry)
+        if tokenizer is not None:
+            entry["tokenizer"] = tokenizer
+        if latency_prior is not None and entry.get("latency_prior") is None:
+            # As `kvgate bench` configures its live gateway: the fleet's own speed is the pool's prior
+            # (the latency model, the gate and `predicted-latency` start from it), unless `base` says.
+            entry["latency_prior"] = {"profile": latency_prior}
+        data["models"] = models
     return parse_config(data)
 
 

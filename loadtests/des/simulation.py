@@ -113,6 +113,7 @@ class Simulation:
             stale_after_s=config.stale_after_s,
             seed=config.seed,
             flow_control=config.flow_control,
+            latency_prior=fleet.profile,
         )
         self.gateways = Gateways(config.views, gw_config, self.queue, self.replicas, config.seed,
                                  SCRAPE, APPLY, config.flow_control)  # fmt: skip

@@ -6,6 +6,7 @@ from typing import Any
 import pytest
 
 from gateway.config import parse_config
+from gateway.config_latency import profile_prior
 from loadtests.des.fleet import FleetSpec, build_replicas
 from loadtests.des.gateway_model import GatewayModel, RouteError, gateway_config
 from loadtests.des.prompts import PromptTokenizer
@@ -56,6 +57,24 @@ def test_the_latency_gate_stays_off_so_its_routing_filter_does_not_act() -> None
     cfg = gateway_config(base, ("r0", "r1"), "m")
     assert not cfg.flow_control.predicted_admission and cfg.flow_control.knee_factor == 2.0
     assert not gateway_config(None, ("r0",), "m").flow_control.predicted_admission
+
+
+def test_the_gate_stays_as_configured_when_flow_control_is_modelled() -> None:
+    base = parse_config({"flow_control": {"predicted_admission": True, "knee_factor": 2.0}})
+    cfg = gateway_config(base, ("r0", "r1"), "m", flow_control=True)
+    assert cfg.flow_control.predicted_admission and cfg.flow_control.knee_factor == 2.0
+
+
+def test_the_fleets_profile_is_the_pools_latency_prior_unless_the_config_gives_one() -> None:
+    # As `kvgate bench` configures its live gateway: the latency model starts from the fleet's speed.
+    cfg = gateway_config(None, ("r0",), "m", tokenizer="sim", latency_prior="tiny")
+    (entry,) = [m for m in cfg.models if m.name == "m"]
+    assert entry.tokenizer == "sim" and entry.latency_prior is not None
+    assert entry.latency_prior.prior() == profile_prior("tiny", 1.0)
+    own = {"models": [{"name": "m", "latency_prior": {"prefill_s_per_token": 1e-4}}]}
+    kept = gateway_config(own, ("r0",), "m", latency_prior="tiny").models[0].latency_prior
+    assert kept is not None and kept.profile is None and kept.prefill_s_per_token == 1e-4
+    assert gateway_config(None, ("r0",), "m").models == ()  # nothing asked, nothing added
 
 
 def test_byte_block_facts_are_the_routers_own() -> None:
