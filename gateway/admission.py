@@ -185,7 +185,7 @@ class AdmissionQueue:
         is refused while waiting (shutdown); `wake` returns False when its waiter has already left
         (a release then passes on). The caller ends the wait with `end_wait` (after `timed_out` when
         its `max_wait_s` passed first). Raises as `enter` does. The discrete-event mode drives this
-        in virtual time (loadtests/des/admission.py)."""
+        in virtual time (loadtests/des/simulation.py)."""
         self._pools.sync()
         p = self._pools.get(pool)
         if p is None:
