@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from loadtests.des import DesConfig, FleetSpec, Simulation
+from loadtests.des.gateways import GatewayViews
 from loadtests.runner import LoadConfig
 from loadtests.workloads import RandomWorkload, SharedPrefixWorkload
 from loadtests.workloads.spec import RequestSpec
@@ -154,3 +155,27 @@ def test_without_flow_control_the_gateway_has_no_queue() -> None:
     spec = RequestSpec(request_id="q", endpoint="completions",
                        body={"model": MODEL, "prompt": "Hi there.", "max_tokens": 3})  # fmt: skip
     assert sim.run([spec], closed(1)).traces[0].ok
+
+
+@pytest.mark.parametrize("ledger", ["local", "shared"])
+def test_each_gateway_admits_through_its_own_queue(ledger: str) -> None:
+    # Two gateway processes, each with its own admission queue over its own picture of the fleet (a
+    # shared ledger also tells each one of the other's finishes: capacity events for its queue).
+    fleet = FleetSpec(replicas=2, profile="tiny")
+    work = RandomWorkload(requests=60, prompt_tokens=64, output_tokens=16, model=MODEL, seed=4)
+    views = GatewayViews(gateways=2, ledger=ledger)
+    sim = Simulation(DesConfig(fleet, gateway=counted(1), flow_control=True, views=views))
+    sim.begin(work.requests(), closed(8))
+    held = [0, 0]
+    while sim.step():
+        for k, gw in enumerate(sim.gateways.models):
+            assert gw.admission is not None
+            held[k] = max(held[k], gw.admission.depth)
+    result = sim.finish()
+    assert len(result.traces) == 60 and all(t.ok for t in result.traces)
+    assert min(held) > 0  # both queued: each counts only its own slots (1 per replica)
+    assert list(result.gateway_requests) == [30, 30]
+    for gw in sim.gateways.models:
+        adm = gw.admission
+        assert adm is not None and adm.depth == 0 and all(p.pending == 0 for p in adm._pools)
+        assert all(r.in_flight == 0 for r in gw.fleet.snapshot().replicas)
