@@ -68,6 +68,7 @@ class Outcome:
     goodput_rps: float
     ttft_p90_s: float | None
     off_home: int = 0  # second-half requests served away from their group's home
+    held: int | None = None  # requests held at the gateway (None: flow control not modelled)
 
     @property
     def of_oracle(self) -> float:
@@ -96,9 +97,11 @@ def run_one(
     question_tokens: int = QUESTION_TOKENS,
     output_tokens: int = OUTPUT_TOKENS,
     profiles: Mapping[str, Any] | None = None,
+    flow_control: bool = False,
 ) -> Outcome:
     """One run. `profiles`: extra scheduling profiles (name -> spec, as under `scheduling.profiles`)
-    that `policy` may name."""
+    that `policy` may name; `flow_control`: the gateway admits through its queue and latency gate,
+    as kvgate ships (`DesConfig.flow_control`)."""
     groups = groups_for(replicas, fraction)
     engine = EngineConfig(block_size=BLOCK_SIZE, num_gpu_blocks=KV_BLOCKS, max_num_seqs=MAX_NUM_SEQS,
                           max_model_len=MAX_MODEL_LEN)  # fmt: skip
@@ -119,7 +122,7 @@ def run_one(
     static = _static_weights(policy)
     gateway = {"scheduling": {"profiles": dict(profiles)}} if profiles else None
     sim = Simulation(DesConfig(fleet, policy="default" if static is not None else policy, seed=seed,
-                               gateway=gateway))  # fmt: skip
+                               gateway=gateway, flow_control=flow_control))  # fmt: skip
     partition = install(sim, static) if static is not None else None
     load = LoadConfig(concurrency=CLIENTS_PER_REPLICA * replicas, max_requests=len(specs),
                       duration_s=float("inf"), seed=seed)  # fmt: skip
@@ -142,6 +145,7 @@ def run_one(
         hit_rate=float(record["prefix_hit_rate"] or 0.0), oracle=oracle_hits / prompt_tokens,
         groups_per_replica=per_replica, fits=KV_BLOCKS * BLOCK_SIZE // max(1, prefix),
         goodput_rps=float(record["goodput_rps"] or 0.0), ttft_p90_s=record["ttft_p90_s"], off_home=off_home,
+        held=record["des"]["gateway_wait_s"]["held"] if flow_control else None,
     )  # fmt: skip
 
 
@@ -247,6 +251,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--profiles", type=Path, default=None,
                    help="YAML file of extra scheduling profiles (name: {filters, scorers, picker}), as under "
                    "scheduling.profiles in the config")  # fmt: skip
+    p.add_argument("--flow-control", action="store_true",
+                   help="admit through the gateway's queue and latency gate, as kvgate ships (des_cli "
+                   "--flow-control); without it every request is routed on arrival")  # fmt: skip
     args = p.parse_args(argv)
     profiles = yaml.safe_load(args.profiles.read_text()) if args.profiles is not None else None
     if profiles is not None and not isinstance(profiles, dict):
@@ -260,13 +267,21 @@ def main(argv: Sequence[str] | None = None) -> int:
             for seed in (int(v) for v in args.seeds.split(",")):
                 for policy in args.policies.split(","):
                     r = run_one(
-                        policy, replicas, fraction, seed, args.question_tokens, args.output_tokens, profiles
+                        policy,
+                        replicas,
+                        fraction,
+                        seed,
+                        args.question_tokens,
+                        args.output_tokens,
+                        profiles,
+                        flow_control=args.flow_control,
                     )
                     rows.append(r)
                     print(f"R={replicas} ws={fraction:g} seed={seed} {policy}: hit {r.hit_rate:.3f} "
                           f"oracle {r.oracle:.3f} ({r.of_oracle:.1%}) groups/replica "
                           f"{'/'.join(map(str, r.groups_per_replica))} (fits {r.fits}) "
-                          f"off home {r.off_home}/{_second_half(r)} goodput {r.goodput_rps:.1f} req/s",
+                          f"off home {r.off_home}/{_second_half(r)} goodput {r.goodput_rps:.1f} req/s"
+                          + ("" if r.held is None else f", held at kvgate {r.held}"),
                           flush=True)  # fmt: skip
     print(_summary(rows))
     return 0

@@ -51,3 +51,11 @@ def test_the_oracle_run_splits_the_groups_evenly_and_sees_each_group() -> None:
     assert oracle.groups == 12 and oracle.groups_per_replica == (6, 6)
     assert 0 < oracle.hit_rate < oracle.oracle
     assert run_one("static-2:1", 2, 0.75, seed=1).groups_per_replica == (8, 4)
+
+
+def test_a_run_with_flow_control_reports_what_the_gate_held() -> None:
+    # At 2 clients per replica on 16-sequence replicas the latency gate holds some requests at kvgate.
+    plain = run_one("default", 2, 0.75, seed=1)
+    gated = run_one("default", 2, 0.75, seed=1, flow_control=True)
+    assert plain.held is None
+    assert gated.held is not None and gated.held > 0 and gated.groups == plain.groups
