@@ -63,6 +63,27 @@ _DEFAULT_OUTPUT_CAP = TenantLimits().max_output_tokens
 _NO_TENANT = "unknown"  # metric label for requests refused before a tenant is known
 
 
+PRIORITY_HEADER = "x-kvgate-priority"
+
+
+def request_band(tenant: Tenant, priority: bytes | None) -> Band:
+    """The request's band: the tenant's, or a lower one asked for in `x-kvgate-priority`.
+    GatewayError 400 for a band name it does not know."""
+    try:
+        return choose_band(tenant.band, priority.decode("latin-1") if priority else None)
+    except ValueError as err:
+        raise GatewayError(400, f"{PRIORITY_HEADER}: {err}", param=PRIORITY_HEADER) from None
+
+
+def request_slo(tenant: Tenant, ttft_slo: bytes | None) -> LatencySlo:
+    """The tenant's SLO tightened by the request's `x-kvgate-ttft-slo-ms` (it can only tighten).
+    GatewayError 400 for a malformed value."""
+    try:
+        return tenant.slo.tighten(LatencySlo(parse_ttft_slo_header(ttft_slo)))
+    except ValueError as err:
+        raise GatewayError(400, f"{TTFT_SLO_HEADER}: {err}", param=TTFT_SLO_HEADER) from None
+
+
 @dataclass(slots=True)
 class Admitted:
     """A request that may be dispatched; `settle` must be called exactly once when it ends."""
@@ -305,15 +326,15 @@ class Tenancy:
         `ttft_slo`: the request's `x-kvgate-ttft-slo-ms` header (malformed: 400; it only tightens)."""
         name = tenant.name
         try:
-            band = choose_band(tenant.band, priority.decode("latin-1") if priority else None)
-        except ValueError as err:
+            band = request_band(tenant, priority)
+        except GatewayError:
             self._m.rejections.labels(name, "bad_priority").inc()
-            raise GatewayError(400, f"x-kvgate-priority: {err}", param="x-kvgate-priority") from None
+            raise
         try:
-            slo = tenant.slo.tighten(LatencySlo(parse_ttft_slo_header(ttft_slo)))
-        except ValueError as err:
+            slo = request_slo(tenant, ttft_slo)
+        except GatewayError:
             self._m.rejections.labels(name, "bad_slo").inc()
-            raise GatewayError(400, f"{TTFT_SLO_HEADER}: {err}", param=TTFT_SLO_HEADER) from None
+            raise
         if tenant.max_concurrency is not None or tenant.key is not None:
             self._concurrency(tenant)
         self._hold(tenant, 1)  # held from here: concurrent admits cannot all pass

@@ -55,18 +55,17 @@ from gateway.latency_store import LatencyStore
 from gateway.metrics import GatewayMetrics
 from gateway.request_parse import Endpoint
 from gateway.routing import PromptFacts, Router
+from gateway.tenancy import PRIORITY_HEADER, request_band, request_slo
 from gateway.tenants import Tenant, TenantRegistry
 from policies.exact_keys import pack_tokens
 from policies.latency.estimator import Prediction
-from policies.latency_admission import TTFT_SLO_HEADER, LatencySlo, parse_ttft_slo_header
+from policies.latency_admission import TTFT_SLO_HEADER
 from policies.prefix import seed_for, token_block_keys
 from policies.prefix_source import PrefixSource
-from policies.tenancy import choose_band
 from policies.types import RequestInfo
 from simulator.engine import EngineStats
 
 _DEFAULT_OUTPUT_CAP = TenantLimits().max_output_tokens
-PRIORITY_HEADER = "x-kvgate-priority"
 _ANONYMOUS = "anonymous"
 
 
@@ -268,15 +267,9 @@ class GatewayModel:
             return None
         tenant = self._tenants.get(info.tenant) or Tenant(info.tenant)
         priority = _header(headers, PRIORITY_HEADER) if headers else None
-        try:
-            band = choose_band(tenant.band, priority)
-        except ValueError as err:
-            raise GatewayError(400, f"{PRIORITY_HEADER}: {err}") from None
-        raw = _header(headers, TTFT_SLO_HEADER) if headers else None
-        try:
-            slo = tenant.slo.tighten(LatencySlo(parse_ttft_slo_header(None if raw is None else raw.encode())))
-        except ValueError as err:
-            raise GatewayError(400, f"{TTFT_SLO_HEADER}: {err}") from None
+        ttft_slo = _header(headers, TTFT_SLO_HEADER) if headers else None
+        band = request_band(tenant, None if priority is None else priority.encode("latin-1"))
+        slo = request_slo(tenant, None if ttft_slo is None else ttft_slo.encode("latin-1"))
         return admission.admit(
             info.base_model, tenant.name, tenant.weight, band, info.reserved_tokens, info.prompt_tokens,
             slo, info.prefix_keys, wake,

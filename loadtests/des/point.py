@@ -8,6 +8,7 @@ creation.
 
 from __future__ import annotations
 
+import heapq
 import resource
 import time
 from collections.abc import Callable, Sequence
@@ -77,6 +78,34 @@ class LoadPoint:
         # Per request id, seconds from its send to its dispatch, with flow control modelled (the
         # time it was held in the gateway's admission queue).
         self.waits: dict[str, float] = {}
+
+    def watch(self, deadline: float, seq: int, engine_id: str) -> bool:
+        """Keep the deadline of request `engine_id` (`seq`: the run's count, to order ties). True when
+        it is now the point's next alarm (`alarm_at`), for the caller to schedule."""
+        timeouts = self.timeouts
+        if len(timeouts) > 2 * len(self.open) + 1024:
+            # Ended requests' deadlines leave the heap only when the alarm passes them; with a long
+            # timeout that is most of a run. Dropping them here keeps the heap O(requests in flight).
+            timeouts[:] = [t for t in timeouts if t[2] in self.open]
+            heapq.heapify(timeouts)
+        heapq.heappush(timeouts, (deadline, seq, engine_id))
+        if self.alarm_at is None or deadline < self.alarm_at:
+            self.alarm_at = deadline
+            return True
+        return False
+
+    def overdue(self, now: float) -> list[OpenRequest]:
+        """At the alarm `now`: the open requests whose deadline has passed (their deadlines, and
+        those of ended requests ahead of the next one, forgotten); `alarm_at` becomes the next
+        deadline (None: none left)."""
+        timeouts, opened = self.timeouts, self.open
+        due = []
+        while timeouts and (timeouts[0][0] <= now or timeouts[0][2] not in opened):
+            o = opened.get(heapq.heappop(timeouts)[2])
+            if o is not None:
+                due.append(o)
+        self.alarm_at = timeouts[0][0] if timeouts else None
+        return due
 
     def outcome(self, config: DesConfig, replicas: Sequence[SimReplica], queue: EventQueue,
                 tokenizer: PromptTokenizer, gateways: Gateways) -> DesResult:  # fmt: skip

@@ -26,6 +26,7 @@ from collections import OrderedDict
 from collections.abc import Hashable, Mapping, Sequence
 from typing import Any
 
+from simulator.server.openai_schema import DEFAULT_MAX_TOKENS
 from simulator.tokenizer import encode, render_chat
 
 _ASCII_WS = frozenset(" \t\n\r\x0b\x0c")  # what `\s` matches in the tokenizer's bytes regex
@@ -132,3 +133,12 @@ def body_prompt_ids(tokenizer: PromptTokenizer, endpoint: str, body: Mapping[str
     if not ids:
         raise PromptError("The decoder prompt cannot be empty")
     return ids
+
+
+def engine_max_tokens(endpoint: str, body: Mapping[str, Any]) -> int:
+    """The output cap the simulated replica applies to an OpenAI body of `endpoint`
+    (`simulator.server.openai_schema`)."""
+    cap = body.get("max_completion_tokens") if endpoint == "chat" else None
+    if cap is None:
+        cap = body.get("max_tokens")
+    return cap if type(cap) is int else DEFAULT_MAX_TOKENS

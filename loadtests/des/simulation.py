@@ -17,12 +17,9 @@ objects (`gateway_model.GatewayModel`) and the simulator's engine model (`fleet.
   in-flight counts move;
 - ARRIVAL (open loop), ALARM (request timeouts, `request_timeout_s`), DRAIN (`duration_s +
   drain_timeout_s`: what is still running is cancelled and counted `incomplete`).
-- With flow control modelled (`DesConfig.flow_control`), the gateway admits a request before routing
-  it (`GatewayModel.admit`: the live `AdmissionQueue`): refused requests end with its status (503,
-  429, 400), held ones wait in its queue until it releases them (ADMIT, at the instant of the
-  capacity event that did: a finished request, a scrape, a first token) or their band's
-  `max_wait_s` passes (WAIT_END: 503). A client that times out while its request waits leaves
-  the queue.
+- ADMIT, WAIT_END: with flow control modelled (`DesConfig.flow_control`) the gateway admits a request
+  before routing it, and a held request waits for its queue's release or its band's max wait
+  (`loadtests.des.admissions`).
 
 Overheads: none for the network; `gateway_overhead_s` (default 0) is a fixed delay per request
 between the client's send and the routing decision (the replica gets the request then).
@@ -50,14 +47,12 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import heapq
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sized
+from collections.abc import Callable, Iterable, Iterator, Sized
 from dataclasses import replace
-from functools import partial
 from typing import Any
 
-from gateway.errors import GatewayError
+from loadtests.des.admissions import Admissions
 from loadtests.des.arrivals import LoadClients
 from loadtests.des.config import AUTO_CHUNK_REQUESTS, DesConfig
 from loadtests.des.events import EventQueue
@@ -66,14 +61,13 @@ from loadtests.des.gateway_model import GatewayModel, RouteError, gateway_config
 from loadtests.des.gateways import Gateways
 from loadtests.des.outcome import DesResult
 from loadtests.des.point import LoadPoint
-from loadtests.des.prompts import PromptError, PromptTokenizer, body_prompt_ids
-from loadtests.des.traces import OpenRequest, Waiting
+from loadtests.des.prompts import PromptError, PromptTokenizer, body_prompt_ids, engine_max_tokens
+from loadtests.des.traces import OpenRequest
 from loadtests.measures import RequestTrace
 from loadtests.runner import LoadConfig
 from loadtests.workloads.spec import RequestSpec
 from policies.types import RequestInfo
 from simulator.engine import EngineRequest
-from simulator.server.openai_schema import DEFAULT_MAX_TOKENS
 
 # Event kinds (plain ints: they are compared on every event).
 SEND, ROUTE, STEP_END, SCRAPE, ARRIVAL, ALARM, DRAIN, APPLY, KV_EVENTS, ADMIT, WAIT_END = range(11)
@@ -104,20 +98,14 @@ class Simulation:
         self.queue = EventQueue()
         self.replicas: list[SimReplica] = build_replicas(fleet)
         gw_config = gateway_config(
-            config.gateway,
-            fleet.names,
-            fleet.model_name,
-            policy=config.policy,
-            tokenizer=tokenizer,
-            scrape_interval_s=config.scrape_interval_s,
-            stale_after_s=config.stale_after_s,
-            seed=config.seed,
-            flow_control=config.flow_control,
-            latency_prior=fleet.profile,
-        )
+            config.gateway, fleet.names, fleet.model_name, policy=config.policy, tokenizer=tokenizer,
+            scrape_interval_s=config.scrape_interval_s, stale_after_s=config.stale_after_s, seed=config.seed,
+            flow_control=config.flow_control, latency_prior=fleet.profile,
+        )  # fmt: skip
         self.gateways = Gateways(config.views, gw_config, self.queue, self.replicas, config.seed,
                                  SCRAPE, APPLY, config.flow_control)  # fmt: skip
         self.gateway = self.gateways.models[0]
+        self._admissions = Admissions(self.queue, ADMIT, WAIT_END, self._is_open, self._dispatch, self._fail)
         self.tokenizer = PromptTokenizer()
         self.next_id = 0
         self._point: LoadPoint | None = None
@@ -214,6 +202,9 @@ class Simulation:
                 handle(kind, arg)
         return self.finish()
 
+    def _is_open(self, o: OpenRequest) -> bool:
+        return self._point is not None and o.engine_id in self._point.open
+
     def _require(self) -> LoadPoint:
         if self._point is None:
             raise RuntimeError("no load point has begun")
@@ -250,9 +241,9 @@ class Simulation:
         elif kind == ROUTE:
             self._route(arg)
         elif kind == ADMIT:
-            self._admitted(*arg)
+            self._admissions.woken(*arg)
         elif kind == WAIT_END:
-            self._wait_end(arg)
+            self._admissions.wait_end(arg)
         elif kind == KV_EVENTS:
             self.gateways.receive_events(*arg)
         elif kind == ARRIVAL and self._point is not None and arg is self._point:
@@ -282,15 +273,7 @@ class Simulation:
         if deadline <= now:  # it waited for a connection longer than the whole timeout
             self._fail(o, 0, self._timeout_error())
             return
-        timeouts = point.timeouts
-        if len(timeouts) > 2 * len(point.open) + 1024:
-            # Ended requests' deadlines leave the heap only when the alarm passes them; with a long
-            # timeout that is most of a run. Dropping them here keeps the heap O(requests in flight).
-            timeouts[:] = [t for t in timeouts if t[2] in point.open]
-            heapq.heapify(timeouts)
-        heapq.heappush(timeouts, (deadline, self.next_id, o.engine_id))
-        if point.alarm_at is None or deadline < point.alarm_at:
-            point.alarm_at = deadline
+        if point.watch(deadline, self.next_id, o.engine_id):
             self.queue.push(deadline, ALARM, point)
         if self.config.gateway_overhead_s:
             self.queue.push(now + self.config.gateway_overhead_s, ROUTE, o)
@@ -301,7 +284,6 @@ class Simulation:
         point = self._require()
         if o.engine_id not in point.open:
             return  # timed out or drained before the gateway got to it
-        now = self.queue.now
         spec, perf = o.spec, time.perf_counter
         body = spec.body
         t0 = perf()
@@ -322,65 +304,15 @@ class Simulation:
             point.route_s += perf() - t1
             self._fail(o, err.status, f"http: {err.status} {err.message}")
             return
-        if gw.admission is not None:
-            # Its place is taken before `admit` returns: the queue may release it at once.
-            o.wait = wait = Waiting(gw, info, ids)
-            try:
-                held = gw.admit(info, partial(self._wake, o, wait), spec.headers)
-            except GatewayError as err:
-                o.wait = None
-                point.route_s += perf() - t1
-                self._fail(o, err.status, f"http: {err.status} {err.message}")
-                return
-            if held is not None:
-                point.route_s += perf() - t1
-                wait.held = held
-                self.queue.push(now + held.max_wait_s, WAIT_END, o)
-                return
-            o.wait = None
-            o.admitted = (gw, info)
-        self._dispatch(o, gw, info, ids, t1)
+        go = gw.admission is None or self._admissions.enter(o, gw, info, ids, spec.headers)
+        point.route_s += perf() - t1
+        if go:  # (else it waits at the gateway, or was refused)
+            self._dispatch(o, gw, info, ids)
 
-    def _wake(self, o: OpenRequest, wait: Waiting, refused: GatewayError | None) -> bool:
-        """The gateway's queue releases (None) or refuses the waiting `o`: at an ADMIT event now, as
-        the waiter's task resumes on the next turn of the live event loop. False when it has left."""
-        if wait.woken or o.wait is not wait:
-            return False
-        wait.woken = True
-        self.queue.push(self.queue.now, ADMIT, (o, refused))
-        return True
-
-    def _admitted(self, o: OpenRequest, refused: GatewayError | None) -> None:
-        wait = o.wait
-        if wait is None or wait.held is None or o.engine_id not in self._require().open:
-            return  # it left while the release was on its way (`_abort` ended the wait)
-        o.wait = None
-        gw, held = wait.gateway, wait.held
-        assert gw.admission is not None
-        if refused is not None:
-            gw.admission.end_wait(held, False, "cancelled")
-            self._fail(o, refused.status, f"http: {refused.status} {refused.message}")
-            return
-        gw.admission.end_wait(held, True, "dispatched")
-        o.admitted = (gw, wait.info)
-        self._dispatch(o, gw, wait.info, wait.ids, time.perf_counter())
-
-    def _wait_end(self, o: OpenRequest) -> None:
-        wait = o.wait
-        if wait is None or wait.woken or wait.held is None or o.engine_id not in self._require().open:
-            return  # released, or it left, before its band's max wait
-        o.wait = None
-        admission = wait.gateway.admission
-        assert admission is not None
-        err = admission.timed_out(wait.held)
-        admission.end_wait(wait.held, False, "timeout")
-        self._fail(o, err.status, f"http: {err.status} {err.message}")
-
-    def _dispatch(
-        self, o: OpenRequest, gw: GatewayModel, info: RequestInfo, ids: list[int], t1: float
-    ) -> None:
+    def _dispatch(self, o: OpenRequest, gw: GatewayModel, info: RequestInfo, ids: list[int]) -> None:
         """Route `o` (admitted, or flow control not modelled) on `gw` and hand it to its replica."""
         point, perf, now = self._require(), time.perf_counter, self.queue.now
+        t1 = perf()
         spec = o.spec
         body = spec.body
         gws = self.gateways
@@ -400,7 +332,7 @@ class Simulation:
         o.prompt_tokens = len(ids)
         point.prompt_tokens += len(ids)
         rep = self.replicas[routed.replica]
-        max_tokens = _engine_max_tokens(spec.endpoint, body)
+        max_tokens = engine_max_tokens(spec.endpoint, body)
         error = rep.engine.validate(len(ids), max_tokens)
         if error is not None:
             self._fail(o, 400, f"http: 400 {error}")
@@ -457,15 +389,8 @@ class Simulation:
             o = get(finished.request_id)
             if o is None:
                 continue
-            self._end(
-                o,
-                o.trace(
-                    end,
-                    output_tokens=finished.generation_tokens,
-                    cached_tokens=finished.cached_tokens,
-                    replica_name=rep.name,
-                ),
-            )
+            out, cached = finished.generation_tokens, finished.cached_tokens
+            self._end(o, o.trace(end, output_tokens=out, cached_tokens=cached, replica_name=rep.name))
 
     def _first_token(self, point: LoadPoint, o: OpenRequest, end: float) -> None:
         o.first = end
@@ -522,27 +447,16 @@ class Simulation:
         point = self._point
         if point is None or point.alarm_at != now:
             return  # superseded by an earlier alarm, or left over from an earlier point
-        timeouts, opened = point.timeouts, point.open
-        while timeouts and (timeouts[0][0] <= now or timeouts[0][2] not in opened):
-            _, _, rid = heapq.heappop(timeouts)
-            o = opened.get(rid)
-            if o is not None:
-                self._abort(o)
-                status = 200 if o.first is not None else 0
-                self._fail(o, status, self._timeout_error())
-        point.alarm_at = timeouts[0][0] if timeouts else None
+        for o in point.overdue(now):
+            self._abort(o)
+            self._fail(o, 200 if o.first is not None else 0, self._timeout_error())
         if point.alarm_at is not None:
             self.queue.push(point.alarm_at, ALARM, point)
 
     def _abort(self, o: OpenRequest) -> None:
         """The client left: the gateway cancels the upstream request (the replica frees its blocks),
         or takes it out of its admission queue."""
-        wait = o.wait
-        if wait is not None and wait.held is not None:
-            o.wait = None
-            admission = wait.gateway.admission
-            assert admission is not None
-            admission.end_wait(wait.held, wait.woken, "cancelled")
+        self._admissions.leave(o)
         if o.replica >= 0:
             self.replicas[o.replica].abort(o.engine_id, self.queue.now)
             self.gateways.engine_changed(o.replica)
@@ -584,11 +498,3 @@ def _fewer_collections() -> Iterator[None]:
 
 def _known_size(specs: Iterable[RequestSpec]) -> int | None:
     return len(specs) if isinstance(specs, Sized) else None
-
-
-def _engine_max_tokens(endpoint: str, body: Mapping[str, Any]) -> int:
-    """The output cap the simulated replica applies (`simulator.server.openai_schema`)."""
-    cap = body.get("max_completion_tokens") if endpoint == "chat" else None
-    if cap is None:
-        cap = body.get("max_tokens")
-    return cap if type(cap) is int else DEFAULT_MAX_TOKENS

@@ -16,29 +16,17 @@ by the number of distinct gaps. A per-request ITL SLO (`itl=`) cannot be checked
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
-from gateway.admission import Held
 from loadtests.des.gateway_model import GatewayModel, Routed
 from loadtests.measures import LatencyStats, RequestTrace
 from loadtests.workloads.spec import RequestSpec
 from policies.types import RequestInfo
 
+if TYPE_CHECKING:
+    from loadtests.des.admissions import Waiting
+
 _US = 1_000_000
-
-
-class Waiting:
-    """A request in a gateway's admission queue (flow control modelled): the gateway, the request as
-    it saw it, its prompt's token ids, its place (`held`, set once `admit` returns) and whether it
-    was woken (released or refused; then an ADMIT event is due)."""
-
-    __slots__ = ("gateway", "held", "ids", "info", "woken")
-
-    def __init__(self, gateway: GatewayModel, info: RequestInfo, ids: list[int]) -> None:
-        self.gateway = gateway
-        self.info = info
-        self.ids = ids
-        self.held: Held | None = None
-        self.woken = False
 
 
 class OpenRequest:

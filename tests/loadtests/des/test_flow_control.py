@@ -179,3 +179,24 @@ def test_each_gateway_admits_through_its_own_queue(ledger: str) -> None:
         adm = gw.admission
         assert adm is not None and adm.depth == 0 and all(p.pending == 0 for p in adm._pools)
         assert all(r.in_flight == 0 for r in gw.fleet.snapshot().replicas)
+
+
+def test_a_malformed_priority_or_slo_header_is_answered_400_as_live() -> None:
+    body = {"model": MODEL, "prompt": "Hi there.", "max_tokens": 3}
+    specs = [
+        RequestSpec(
+            request_id="p", endpoint="completions", body=body, headers={"x-kvgate-priority": "urgent"}
+        ),
+        RequestSpec(
+            request_id="s", endpoint="completions", body=body, headers={"x-kvgate-ttft-slo-ms": "-5"}
+        ),
+        RequestSpec(
+            request_id="ok", endpoint="completions", body=body, headers={"x-kvgate-ttft-slo-ms": "250"}
+        ),
+    ]
+    sim = Simulation(DesConfig(TINY, flow_control=True))
+    by_id = {t.request_id: t for t in sim.run(specs, closed(1)).traces}
+    assert by_id["p"].status == 400 and "x-kvgate-priority" in (by_id["p"].error or "")
+    assert by_id["s"].status == 400 and "x-kvgate-ttft-slo-ms" in (by_id["s"].error or "")
+    assert by_id["ok"].ok
+    assert_nothing_left(sim)
