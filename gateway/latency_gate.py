@@ -3,8 +3,9 @@ the next one a pool's replicas can take by what they would cost in time, and the
 
 The rule is pure (policies/latency_admission); this reads the fleet snapshot and the latency model
 (`policies.latency`) for it, per replica still under today's saturation thresholds (hard caps):
-the next request's predicted TTFT there must stay within the knee x its unloaded TTFT there, or the
-tightest TTFT SLO (band, tenant, `x-kvgate-ttft-slo-ms`). Its whole prompt is priced: the prefix
+the next request's predicted TTFT there must stay within the knee x its unloaded TTFT there (and
+never less than that + one decode step of the batch running there: the step under way, which no
+hold at kvgate shortens), or the tightest TTFT SLO (band, tenant, `x-kvgate-ttft-slo-ms`). Its whole prompt is priced: the prefix
 match is not known before routing. The predicted TTFT includes the request's wait for free KV blocks
 there, as its ticket's does (`LatencyEstimator.gate_ttft_s`: the replica's KV ledger played with the
 request's prompt and prefix keys, so a prefix group's blocks in flight count once): while no replica
@@ -104,7 +105,8 @@ class LatencyGate:
                 continue
             predicted = est.ttft_s(r, tokens, now, stale)
             unloaded = est.unloaded_ttft_s(r, tokens)
-            bound = ttft_bound_s(unloaded, knee, slo.ttft_s)
+            step = est.running_step_s(r, now, stale)  # the knee allows for the step under way
+            bound = ttft_bound_s(unloaded, knee, slo.ttft_s, step)
             if predicted <= bound:
                 # Within the bound before its wait for KV blocks: play the ledger for that wait.
                 # Over it, the wait could only add, and the play is the costly part (~0.1 ms a
@@ -115,8 +117,8 @@ class LatencyGate:
                 # as a whole play would make them.
                 predicted = est.gate_ttft_s(r, tokens, prefix_keys, now, stale, predicted, bound + drain)
             tpot = est.tpot_s(r, now, stale) if slo.tpot_s is not None else 0.0
-            room += replica_room(predicted, unloaded, est.prefill_s(r, tokens), knee, slo, tpot)
-            drain = min(drain, excess_s(predicted, unloaded, knee, slo))
+            room += replica_room(predicted, unloaded, est.prefill_s(r, tokens), knee, slo, tpot, step)
+            drain = min(drain, excess_s(predicted, unloaded, knee, slo, step))
         return room - p.pending, drain
 
     def kept_for_light(self, p: Pool, now: float) -> int:

@@ -9,7 +9,8 @@ one replica prefills a flood's 1,024-token prompt goes to the other one (docs/be
 "Third round: routing away from the knee").
 
     predicted = the request's predicted TTFT there now, its prefix match counted (its uncached part)
-    bound     = `knee_factor` x its unloaded TTFT there for the WHOLE prompt (the gate's bound)
+    bound     = the gate's knee there for the WHOLE prompt (`knee_factor` x its unloaded TTFT, at
+                least that + a decode step of the batch running there: `knee_bound_s`)
                 + the prefill seconds there of the prefix the replica holds (what it saves)
 
 The bound prices the whole prompt, as the gate does: a replica holding the prefix has a smaller
@@ -48,6 +49,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from policies.latency.replica_model import TTFT_X_TOKENS
+from policies.latency_admission import knee_bound_s
 from policies.scheduling.context import SchedulingContext, latency_quotes
 from policies.types import ReplicaState
 
@@ -67,9 +69,9 @@ class LatencyKneeFilter:
         quotes = latency_quotes(ctx, candidates)  # the decision's quotes: the scorer reads them too
         whole = ctx.request.prompt_tokens
         kept = []
-        for r, (predicted, own, slope, _, unloaded) in zip(candidates, quotes, strict=True):
+        for r, (predicted, own, slope, _, unloaded, step) in zip(candidates, quotes, strict=True):
             saving = slope * (whole - own) / TTFT_X_TOKENS if own < whole else 0.0
-            if predicted <= knee * unloaded + saving:
+            if predicted <= knee_bound_s(unloaded, knee, step) + saving:
                 kept.append(r)
         if not kept:
             bound = knee * min(q[0] for q in quotes)
