@@ -2,15 +2,15 @@
 the next one a pool's replicas can take by what they would cost in time, and the SLOs that apply.
 
 The rule is pure (policies/latency_admission); this reads the fleet snapshot and the latency model
-(`policies.latency`) for it, per replica still under today's saturation thresholds (hard caps):
-the next request's predicted TTFT there must stay within the knee x its unloaded TTFT there (and
-never less than that + one decode step of the batch running there: the step under way, which no
-hold at kvgate shortens), or the tightest TTFT SLO (band, tenant, `x-kvgate-ttft-slo-ms`). Its whole prompt is priced: the prefix
-match is not known before routing. The predicted TTFT includes the request's wait for free KV blocks
-there, as its ticket's does (`LatencyEstimator.gate_ttft_s`: the replica's KV ledger played with the
-request's prompt and prefix keys, so a prefix group's blocks in flight count once): while no replica
-has blocks for it, it waits at kvgate instead of in an engine that would preempt or evict for it
-(docs/benchmarks.md, "The latency gate and the KV blocks").
+(`policies.latency`) for it, per replica still under today's saturation thresholds (hard caps): the
+next request's predicted TTFT there must stay within the knee x its unloaded TTFT there (and never
+less than that + one decode step of the batch running there: the step under way, which no hold at
+kvgate shortens), or the tightest TTFT SLO (band, tenant, `x-kvgate-ttft-slo-ms`). Its whole prompt
+is priced: the prefix match is not known before routing. The predicted TTFT includes the request's
+wait for free KV blocks there, as its ticket's does (`LatencyEstimator.gate_ttft_s`: the replica's
+KV ledger played with the request's prompt and prefix keys, so a prefix group's blocks in flight
+count once): while no replica has blocks for it, it waits at kvgate instead of in an engine that
+would preempt or evict for it (docs/benchmarks.md, "The latency gate and the KV blocks").
 
 The knee is `knee_factor` while several tenants are active in the pool, and `solo_knee_factor` (if
 larger) while at most one is: then the fair queue has nobody to choose between, and holding the

@@ -119,3 +119,28 @@ def test_every_built_in_profile_routes_away_from_the_replica_past_the_knee() -> 
         for seed in range(3):
             d = profile.schedule(ctx(est, 1.25), [a, b], random.Random(seed))
             assert names(d.ranked)[0] == "b", (name, seed)
+
+
+def test_a_short_prompt_may_wait_for_the_decode_step_under_way() -> None:
+    # A 256-token prompt's unloaded TTFT is about one step, so 1.25 x it leaves less slack than the
+    # decode step under way on a busy replica: without the allowance every busy replica was past the
+    # knee, the gate held the request and the filter sent it to whichever replica was idle (off its
+    # prefix's replica in a placement run). a is decoding, its step under way just begun; b is idle;
+    # c is computing a 4,000-token prefill: that step is no cadence, c stays past the knee.
+    short = 256
+    est = LatencyEstimator(BLOCK)
+    a = replica("a", in_flight=4, in_flight_tokens=8_000, running=4)
+    b = replica("b")
+    c = replica("c", in_flight=1, in_flight_tokens=4_000, running=1)
+    est.dispatched(est.predict(c, 4_000, NOW - 0.002, 1.0))
+    est.step_seen("c", NOW - 0.001)  # c's step began after that dispatch: it is computing it
+    est.step_seen("a", NOW - 0.0005)
+    info = RequestInfo(model="m", base_model="m", adapter=None, prompt_tokens=short, max_tokens=64,
+                       prefix_keys=tuple(range(short // BLOCK)))  # fmt: skip
+    context = SchedulingContext(request=info, now=NOW, prefix_match={}, prefix_blocks=short // BLOCK,
+                                latency=est, knee_factor=1.25, quotes={})  # fmt: skip
+    quotes = dict(zip("abc", latency_quotes(context, [a, b, c]), strict=True))
+    predicted, _, _, _, unloaded, step = quotes["a"]
+    assert step == est.running_step_s(a, NOW, 1.0) > 0 and quotes["b"][5] == 0.0  # idle: no step
+    assert 1.25 * unloaded < predicted <= unloaded + step  # the case: past 1.25x, within the step
+    assert names(LatencyKneeFilter().filter(context, [a, b, c])) == ["a", "b"]

@@ -5,7 +5,8 @@ The filter prices every candidate on every request (with predicted admission on,
 one pass whose quotes the scorer then reads (`SchedulingContext.quotes`). The reference prices each
 candidate on its own: its predicted TTFT through the model's plain input methods (`reference_cost_s`)
 against the knee x `LatencyEstimator.unloaded_ttft_s` of the whole prompt (and each quote is held
-to these, to the last bit). On random fleets, ledgers,
+to these, to the last bit), at least that knee's unloaded TTFT + a decode step of the batch running
+there (`reference_step_s`). On random fleets, ledgers,
 step dates, calibrations and prefix matches the two must keep the same replicas; and every built-in
 profile must make the same decision (ranking, totals, drops) with the memo as without it.
 """
@@ -32,6 +33,7 @@ from tests.policies.scheduling.latency_fleets import (
     fleet,
     reference_cost_s,
     reference_running,
+    reference_step_s,
     specs,
 )
 
@@ -50,7 +52,10 @@ def reference_kept(ctx: SchedulingContext, candidates: Sequence[ReplicaState]) -
             est.model(r.name, r.pool), r, fresh, uncached, ctx.now, 0.0
         )
         saving = est.prefill_s(r, prompt - uncached)  # the prefill its held prefix saves
-        if predicted <= knee * est.unloaded_ttft_s(r, prompt) + saving:
+        unloaded = est.unloaded_ttft_s(r, prompt)
+        # The knee, and at least a decode step of the batch running there beyond the unloaded TTFT.
+        bound = max(knee * unloaded, unloaded + reference_step_s(est.model(r.name, r.pool), r, fresh))
+        if predicted <= bound + saving:
             kept.append(r)
     if kept:
         return kept
@@ -70,7 +75,8 @@ def context(prompt_tokens: int, match: dict[str, float], est: LatencyEstimator, 
 @given(fleet_specs=st.lists(specs, min_size=1, max_size=8), prompt_tokens=st.integers(0, 40_000))
 def test_each_quote_is_its_reference(fleet_specs: list[Spec], prompt_tokens: int) -> None:
     # To the last bit: the predicted TTFT, the uncached tokens, the fit's slope, the running requests
-    # (kvgate's, or a fresh scrape's if more) and the whole prompt's unloaded TTFT.
+    # (kvgate's, or a fresh scrape's if more), the whole prompt's unloaded TTFT and the decode step of
+    # the batch running there (0.0 when none runs).
     est, candidates, match = fleet(fleet_specs)
     memo: dict[str, Quote] = {}
     quotes = est.price(candidates, prompt_tokens, match, NOW, STALE, memo)
@@ -82,7 +88,9 @@ def test_each_quote_is_its_reference(fleet_specs: list[Spec], prompt_tokens: int
         running = reference_running(r, fresh)
         ttft = reference_cost_s(model, r, fresh, uncached, NOW, 0.0)
         unloaded = est.unloaded_ttft_s(r, prompt_tokens)
-        assert quote == (ttft, uncached, model.ttft.b, running, unloaded)
+        step = reference_step_s(model, r, fresh)
+        assert step == est.running_step_s(r, NOW, STALE)  # the gate's, for the same knee
+        assert quote == (ttft, uncached, model.ttft.b, running, unloaded, step)
 
 
 @settings(max_examples=300, deadline=None)
