@@ -5,8 +5,8 @@ The filter prices every candidate on every request (with predicted admission on,
 one pass whose quotes the scorer then reads (`SchedulingContext.quotes`). The reference prices each
 candidate on its own: its predicted TTFT through the model's plain input methods (`reference_cost_s`)
 against the knee x `LatencyEstimator.unloaded_ttft_s` of the whole prompt (and each quote is held
-to these, to the last bit), at least that knee's unloaded TTFT + a decode step of the batch running
-there (`reference_step_s`). On random fleets, ledgers,
+to these, to the last bit), failing that against the gate's knee, at least the unloaded TTFT + a
+decode step of the batch running there (`reference_step_s`). On random fleets, ledgers,
 step dates, calibrations and prefix matches the two must keep the same replicas; and every built-in
 profile must make the same decision (ranking, totals, drops) with the memo as without it.
 """
@@ -19,6 +19,7 @@ from random import Random
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from policies.kv_fit import GroupFit
 from policies.latency.estimator import LatencyEstimator
 from policies.latency.replica_model import Quote
 from policies.scheduling.builtin_profiles import BUILTIN_PROFILE_NAMES, build_builtin_profile
@@ -43,7 +44,7 @@ def reference_kept(ctx: SchedulingContext, candidates: Sequence[ReplicaState]) -
     est, knee = ctx.latency, ctx.knee_factor
     assert est is not None and knee is not None
     prompt = ctx.request.prompt_tokens
-    kept = []
+    within, stepped = [], []
     predicted_of = {}
     for r in candidates:
         uncached = est.uncached_tokens(prompt, ctx.prefix_match.get(r.name, 0))
@@ -53,10 +54,13 @@ def reference_kept(ctx: SchedulingContext, candidates: Sequence[ReplicaState]) -
         )
         saving = est.prefill_s(r, prompt - uncached)  # the prefill its held prefix saves
         unloaded = est.unloaded_ttft_s(r, prompt)
-        # The knee, and at least a decode step of the batch running there beyond the unloaded TTFT.
+        if predicted <= knee * unloaded + saving:
+            within.append(r)
+        # The gate's knee: at least a decode step of the batch running there beyond unloaded.
         bound = max(knee * unloaded, unloaded + reference_step_s(est.model(r.name, r.pool), r, fresh))
         if predicted <= bound + saving:
-            kept.append(r)
+            stepped.append(r)
+    kept = stepped if ctx.kv_fit is not None else within or stepped
     if kept:
         return kept
     best = min(predicted_of.values())  # none within the knee: within the knee of the best one
@@ -64,11 +68,12 @@ def reference_kept(ctx: SchedulingContext, candidates: Sequence[ReplicaState]) -
 
 
 def context(prompt_tokens: int, match: dict[str, float], est: LatencyEstimator, knee: float | None,
-            quotes: dict[str, Quote] | None) -> SchedulingContext:  # fmt: skip
+            quotes: dict[str, Quote] | None, view: GroupFit | None = None) -> SchedulingContext:  # fmt: skip
     info = RequestInfo(model="m", base_model="m", adapter=None, prompt_tokens=prompt_tokens, max_tokens=64,
                        prefix_keys=tuple(range(prompt_tokens // BLOCK)))  # fmt: skip
     return SchedulingContext(request=info, now=NOW, prefix_match=match, prefix_blocks=len(info.prefix_keys),
-                             stale_after_s=STALE, latency=est, knee_factor=knee, quotes=quotes)  # fmt: skip
+                             stale_after_s=STALE, latency=est, knee_factor=knee, quotes=quotes,
+                             kv_fit=view)  # fmt: skip
 
 
 @settings(max_examples=300, deadline=None)
@@ -98,12 +103,17 @@ def test_each_quote_is_its_reference(fleet_specs: list[Spec], prompt_tokens: int
     fleet_specs=st.lists(specs, min_size=2, max_size=8),
     prompt_tokens=st.integers(0, 40_000),
     knee=st.sampled_from([1.0, 1.25, 2.0, 4.0]),
+    placed=st.booleans(),
 )
-def test_the_filter_is_its_reference(fleet_specs: list[Spec], prompt_tokens: int, knee: float) -> None:
+def test_the_filter_is_its_reference(
+    fleet_specs: list[Spec], prompt_tokens: int, knee: float, placed: bool
+) -> None:
     est, candidates, match = fleet(fleet_specs)
     memo: dict[str, Quote] = {}
-    kept = LatencyKneeFilter().filter(context(prompt_tokens, match, est, knee, memo), candidates)
-    assert names(kept) == names(reference_kept(context(prompt_tokens, match, est, knee, None), candidates))
+    view = GroupFit(group=1, blocks=4.0) if placed else None  # a kv-fit profile's group ledger view
+    kept = LatencyKneeFilter().filter(context(prompt_tokens, match, est, knee, memo, view), candidates)
+    reference = reference_kept(context(prompt_tokens, match, est, knee, None, view), candidates)
+    assert names(kept) == names(reference)
     # It priced every candidate into the decision's memo, for the scorer.
     assert sorted(memo) == sorted(names(candidates))
 
