@@ -29,7 +29,11 @@ on two replicas with 1, the flood's prefill starts on one replica only while the
 (light knee - 1) x a prefill from its end, so a light tenant's request never waits behind more than
 that. The flood's prefills are staggered instead of stopped: measured at the light knee, keeping the
 room costs the flood far less than at its own (docs/benchmarks.md, "The light reserve at the light
-knee"). Who goes first within that room is the admission queue's (gateway/admission.py).
+knee"). Who goes first within that room is the admission queue's (gateway/admission.py). While a
+light tenant uses the pool, the heavy one's knee also has no decode-step floor
+(`latency_admission.knee_bound_s`): holding it cannot shorten its own wait for the step under way,
+but it keeps room for the light tenant, whose knee keeps the floor (docs/benchmarks.md, "A decode
+step in the knee").
 """
 
 from __future__ import annotations
@@ -93,6 +97,9 @@ class LatencyGate:
         est = self._latency
         assert est is not None
         alone = p.share.alone(now, p.queue.depth_of)
+        # The knee's decode step (`knee_bound_s`), except for the heavy tenant's knee while a light
+        # one uses the pool: holding the heavy tenant then keeps the room the light one comes into.
+        stepped = light or not p.share.someone_outweighed(0, now, p.queue.depth_of)
         replicas = self._pools.replicas()
         thr = self._pools.thr
         stale, knee = thr.stale_after_s, self.knee(alone, light)
@@ -105,7 +112,7 @@ class LatencyGate:
                 continue
             predicted = est.ttft_s(r, tokens, now, stale)
             unloaded = est.unloaded_ttft_s(r, tokens)
-            step = est.running_step_s(r, now, stale)  # the knee allows for the step under way
+            step = est.running_step_s(r, now, stale) if stepped else 0.0
             bound = ttft_bound_s(unloaded, knee, slo.ttft_s, step)
             if predicted <= bound:
                 # Within the bound before its wait for KV blocks: play the ledger for that wait.

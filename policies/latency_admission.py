@@ -23,7 +23,8 @@ that wait is not a queue the gate can shorten. For a short prompt, whose unloade
 step, `knee_factor` x unloaded alone was crossed whenever a step was under way: at 2 streams per
 replica on 256-token prompts the gate held 58-100% of the requests and their TTFT p90 was 115-165 ms
 against 14 ms (docs/benchmarks.md, "A decode step in the knee"). A long prompt's knee is unchanged:
-(knee_factor - 1) x its unloaded TTFT is more than a step.
+(knee_factor - 1) x its unloaded TTFT is more than a step. The caller leaves the step out of a heavy
+tenant's knee while a light one uses the pool (gateway/latency_gate.py).
 
 A TTFT SLO tighter than the request's unloaded TTFT cannot be met anywhere: the request then goes
 only to a replica with nothing ahead of it. With a TPOT SLO, a replica whose predicted time per

@@ -136,6 +136,35 @@ async def test_a_short_prompt_is_not_held_for_the_decode_step_under_way() -> Non
     assert h.started == ["r1", "r2", "r3"] and waiting.result() == "queued"
 
 
+async def test_a_heavy_tenant_beside_a_light_one_is_held_without_the_step_floor() -> None:
+    # Two tenants, 300-token prompts, a decode step just begun on the one replica. With A alone in
+    # flight (u went quiet, so A is not alone in the window but nobody is outweighed) the knee
+    # allows the step under way: A1 and A2 go. With B decoding one request beside A's three, B is
+    # below its share and A above its own: A's knee loses the floor (its hold keeps room for B), A3 waits,
+    # while B's next request, at the light knee with the floor, goes past it.
+    short = 300
+    h = Harness()
+    assert await h.request("u0", tenant="u", prompt=short) == "direct"
+    h.finish_oldest()
+    assert await h.request("A0", tenant="A", prompt=short) == "direct"
+    h.first_token()
+    h.est.step_seen("a", h.clock())
+    for label in ("A1", "A2"):
+        assert await h.request(label, tenant="A", prompt=short) == "direct"
+        h.first_token()
+        h.est.step_seen("a", h.clock())
+    assert await h.request("B0", tenant="B", prompt=short) == "direct"  # light: its own knee
+    h.first_token()
+    h.est.step_seen("a", h.clock())
+    held = asyncio.ensure_future(h.request("A3", tenant="A", prompt=short))
+    await settle_loop()
+    assert h.started == ["u0", "A0", "A1", "A2", "B0"] and h.adm.depth == 1  # the heavy tenant waits
+    b1 = asyncio.ensure_future(h.request("B1", tenant="B", prompt=short))
+    await settle_loop()
+    assert b1.done() and h.started[-1] == "B1" and not held.done()  # past A3, with no capacity event
+    held.cancel()
+
+
 async def test_off_it_is_todays_count_based_admission() -> None:
     h = Harness(predicted_admission=False)
     for i in range(8):
