@@ -58,7 +58,6 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from policies.latency.replica_model import TTFT_X_TOKENS
-from policies.latency_admission import knee_bound_s
 from policies.scheduling.context import SchedulingContext, latency_quotes
 from policies.types import ReplicaState
 
@@ -82,9 +81,11 @@ class LatencyKneeFilter:
         stepped: list[ReplicaState] = []  # within the gate's knee: that, or a decode step beyond unloaded
         for r, (predicted, own, slope, _, unloaded, step) in zip(candidates, quotes, strict=True):
             saving = slope * (whole - own) / TTFT_X_TOKENS if own < whole else 0.0
-            if predicted <= knee_bound_s(unloaded, knee, step) + saving:
+            bound = knee * unloaded
+            floor = unloaded + step  # `knee_bound_s`, inlined: the request path, per candidate
+            if predicted <= (bound if bound > floor else floor) + saving:
                 stepped.append(r)
-                if predicted <= knee * unloaded + saving:
+                if predicted <= bound + saving:
                     within.append(r)
         # Where the profile places prefix groups (`kv-fit`), placement decides among every replica
         # the gate would send the request to; elsewhere those whose step under way ends soonest.

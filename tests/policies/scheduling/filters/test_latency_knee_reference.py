@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 from policies.kv_fit import GroupFit
 from policies.latency.estimator import LatencyEstimator
 from policies.latency.replica_model import Quote
+from policies.latency_admission import knee_bound_s
 from policies.scheduling.builtin_profiles import BUILTIN_PROFILE_NAMES, build_builtin_profile
 from policies.scheduling.context import SchedulingContext
 from policies.scheduling.filters.latency_knee import LatencyKneeFilter
@@ -57,7 +58,7 @@ def reference_kept(ctx: SchedulingContext, candidates: Sequence[ReplicaState]) -
         if predicted <= knee * unloaded + saving:
             within.append(r)
         # The gate's knee: at least a decode step of the batch running there beyond unloaded.
-        bound = max(knee * unloaded, unloaded + reference_step_s(est.model(r.name, r.pool), r, fresh))
+        bound = knee_bound_s(unloaded, knee, reference_step_s(est.model(r.name, r.pool), r, fresh))
         if predicted <= bound + saving:
             stepped.append(r)
     kept = stepped if ctx.kv_fit is not None else within or stepped
