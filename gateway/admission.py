@@ -26,14 +26,15 @@ to the next waiter.
 
 Predicted latency (`flow_control.predicted_admission`, gateway/latency_gate.py): room is also what
 the latency model says, the next request's predicted TTFT on a replica within the knee x its
-unloaded TTFT there or the tightest TTFT SLO (`knee_factor`; `solo_knee_factor` while the pool has
-at most one active tenant). Held requests wait in the fair queue (a sheddable one: refused,
-Retry-After from the predicted drain); a first token (`on_prefilled`) is a capacity event; a tenant
-below its fair share while another is above it is held at `light_knee_factor` instead, and the
-heavy one leaves `light_reserve` requests' worth of room at the light knee to it: a latency reserve
-the heavy tenant cannot use (sized, in the queue, by the queue's head as the gate's room is), so a
-light tenant's request finds a replica with at most a light knee's worth of work ahead of it (the
-`latency-knee` routing filter sends it there) instead of waiting behind a whole prefill.
+unloaded TTFT there (at least that + a decode step of the batch running there) or the tightest TTFT
+SLO (`knee_factor`; `solo_knee_factor` while the pool has at most one active tenant). Held requests
+wait in the fair queue (a sheddable one: refused, Retry-After from the predicted drain); a first
+token (`on_prefilled`) is a capacity event; a tenant below its fair share while another is above it
+is held at `light_knee_factor` instead, and the heavy one leaves `light_reserve` requests' worth of
+room at the light knee to it: a latency reserve the heavy tenant cannot use (sized, in the queue, by
+the queue's head as the gate's room is), so a light tenant's request finds a replica with at most a
+light knee's worth of work ahead of it (the `latency-knee` routing filter sends it there) instead of
+waiting behind a whole prefill.
 
 Single event loop; nothing here blocks. Listeners and `enter` never call back into FleetState writers.
 """

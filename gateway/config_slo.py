@@ -5,13 +5,14 @@
   `x-kvgate-ttft-slo-ms` header.
 - `flow_control.predicted_admission`: the gate on (the default) or off; `flow_control.knee_factor`
   (> 1): with no SLO, a request is sent while its predicted TTFT on a replica stays within this many
-  times its TTFT there unloaded; `flow_control.solo_knee_factor`: the knee while at most one tenant is active
-  in the pool (the larger of the two applies then; set it to `knee_factor` for one knee throughout);
-  `flow_control.light_knee_factor`: the knee of a tenant below its fair share while another is above
-  its own (the larger of it and `knee_factor` applies), a latency reserve the heavy tenant, held at
-  `knee_factor`, cannot use; `flow_control.light_reserve` (>= 0, requests; 1 by default): while such
-  a light tenant is active, the heavy one also leaves this many requests' room at the light knee to
-  the light ones (at most the pool's replicas less one); 0 turns that part off.
+  times its TTFT there unloaded (and always within that + one decode step of the batch running there,
+  the step under way, which a hold cannot shorten); `flow_control.solo_knee_factor`: the knee while at
+  most one tenant is active in the pool (the larger of the two applies then; set it to `knee_factor`
+  for one knee throughout); `flow_control.light_knee_factor`: the knee of a tenant below its fair
+  share while another is above its own (the larger of it and `knee_factor` applies), a latency reserve
+  the heavy tenant, held at `knee_factor`, cannot use; `flow_control.light_reserve` (>= 0, requests; 1
+  by default): while such a light tenant is active, the heavy one also leaves this many requests' room
+  at the light knee to the light ones (at most the pool's replicas less one); 0 turns that part off.
 """
 
 from __future__ import annotations

@@ -2,14 +2,15 @@
 the next one a pool's replicas can take by what they would cost in time, and the SLOs that apply.
 
 The rule is pure (policies/latency_admission); this reads the fleet snapshot and the latency model
-(`policies.latency`) for it, per replica still under today's saturation thresholds (hard caps):
-the next request's predicted TTFT there must stay within the knee x its unloaded TTFT there, or the
-tightest TTFT SLO (band, tenant, `x-kvgate-ttft-slo-ms`). Its whole prompt is priced: the prefix
-match is not known before routing. The predicted TTFT includes the request's wait for free KV blocks
-there, as its ticket's does (`LatencyEstimator.gate_ttft_s`: the replica's KV ledger played with the
-request's prompt and prefix keys, so a prefix group's blocks in flight count once): while no replica
-has blocks for it, it waits at kvgate instead of in an engine that would preempt or evict for it
-(docs/benchmarks.md, "The latency gate and the KV blocks").
+(`policies.latency`) for it, per replica still under today's saturation thresholds (hard caps): the
+next request's predicted TTFT there must stay within the knee x its unloaded TTFT there (and never
+less than that + one decode step of the batch running there: the step under way, which no hold at
+kvgate shortens), or the tightest TTFT SLO (band, tenant, `x-kvgate-ttft-slo-ms`). Its whole prompt
+is priced: the prefix match is not known before routing. The predicted TTFT includes the request's
+wait for free KV blocks there, as its ticket's does (`LatencyEstimator.gate_ttft_s`: the replica's
+KV ledger played with the request's prompt and prefix keys, so a prefix group's blocks in flight
+count once): while no replica has blocks for it, it waits at kvgate instead of in an engine that
+would preempt or evict for it (docs/benchmarks.md, "The latency gate and the KV blocks").
 
 The knee is `knee_factor` while several tenants are active in the pool, and `solo_knee_factor` (if
 larger) while at most one is: then the fair queue has nobody to choose between, and holding the
@@ -28,7 +29,11 @@ on two replicas with 1, the flood's prefill starts on one replica only while the
 (light knee - 1) x a prefill from its end, so a light tenant's request never waits behind more than
 that. The flood's prefills are staggered instead of stopped: measured at the light knee, keeping the
 room costs the flood far less than at its own (docs/benchmarks.md, "The light reserve at the light
-knee"). Who goes first within that room is the admission queue's (gateway/admission.py).
+knee"). Who goes first within that room is the admission queue's (gateway/admission.py). While a
+light tenant uses the pool, the heavy one's knee also has no decode-step floor
+(`latency_admission.knee_bound_s`): holding it cannot shorten its own wait for the step under way,
+but it keeps room for the light tenant, whose knee keeps the floor (docs/benchmarks.md, "A decode
+step in the knee").
 """
 
 from __future__ import annotations
@@ -92,6 +97,9 @@ class LatencyGate:
         est = self._latency
         assert est is not None
         alone = p.share.alone(now, p.queue.depth_of)
+        # The knee's decode step (`knee_bound_s`), except for the heavy tenant's knee while a light
+        # one uses the pool: holding the heavy tenant then keeps the room the light one comes into.
+        stepped = light or not p.share.someone_outweighed(0, now, p.queue.depth_of)
         replicas = self._pools.replicas()
         thr = self._pools.thr
         stale, knee = thr.stale_after_s, self.knee(alone, light)
@@ -104,7 +112,8 @@ class LatencyGate:
                 continue
             predicted = est.ttft_s(r, tokens, now, stale)
             unloaded = est.unloaded_ttft_s(r, tokens)
-            bound = ttft_bound_s(unloaded, knee, slo.ttft_s)
+            step = est.running_step_s(r, now, stale) if stepped else 0.0
+            bound = ttft_bound_s(unloaded, knee, slo.ttft_s, step)
             if predicted <= bound:
                 # Within the bound before its wait for KV blocks: play the ledger for that wait.
                 # Over it, the wait could only add, and the play is the costly part (~0.1 ms a
@@ -115,8 +124,8 @@ class LatencyGate:
                 # as a whole play would make them.
                 predicted = est.gate_ttft_s(r, tokens, prefix_keys, now, stale, predicted, bound + drain)
             tpot = est.tpot_s(r, now, stale) if slo.tpot_s is not None else 0.0
-            room += replica_room(predicted, unloaded, est.prefill_s(r, tokens), knee, slo, tpot)
-            drain = min(drain, excess_s(predicted, unloaded, knee, slo))
+            room += replica_room(predicted, unloaded, est.prefill_s(r, tokens), knee, slo, tpot, step)
+            drain = min(drain, excess_s(predicted, unloaded, knee, slo, step))
         return room - p.pending, drain
 
     def kept_for_light(self, p: Pool, now: float) -> int:

@@ -74,6 +74,9 @@ class _Share:
     def alone(self, now: float, depth_of: object) -> bool:
         return False
 
+    def someone_outweighed(self, room: int, now: float, depth_of: object) -> bool:
+        return False  # no light tenant beside a heavy one: every knee has its decode-step floor
+
 
 @dataclass
 class _Queue:

@@ -246,6 +246,15 @@ _CONVERSATIONS = WorkloadPlan(
      "active_conversations": 16},
     label="multi-turn-long",
 )  # fmt: skip
+# Chat-sized prompts: a 256-token prompt's unloaded TTFT is about one decode step, the case where the
+# latency gate's knee must allow for the step under way (docs/benchmarks.md, "A decode step in the
+# knee").
+_SHORT = WorkloadPlan(
+    "random",
+    {"prompt_tokens": 256, "output_tokens": 128, "length_jitter": 0.25},
+    warmup_requests=0,
+    label="random-short",
+)
 _LORA_MIX = WorkloadPlan("lora-mix", {"prompt_tokens": 1024, "output_tokens": 64, "zipf_s": 1.0})
 _NOISY = WorkloadPlan("noisy-neighbour", {"prompt_tokens": 1024, "output_tokens": 64})
 
@@ -320,6 +329,18 @@ _PRESETS: dict[str, BenchPreset] = {
         warmup_requests=48,
         warmup_s=0.1,
         max_duration_s=60.0,
+    ),
+    "short-prompts": BenchPreset(
+        name="short-prompts",
+        description="chat-sized random prompts (256 tokens, 128-token answers), default against "
+        "predicted-latency, 8 and 32 streams (2 and 8 per replica), the latency gate on",
+        fleet=_FLEET,
+        workloads=(_SHORT,),
+        policies=("default", "predicted-latency"),
+        concurrency=(8, 32),
+        requests=240,
+        warmup_requests=32,
+        max_duration_s=120.0,
     ),
     "conversations": BenchPreset(
         name="conversations",

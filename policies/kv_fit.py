@@ -217,9 +217,12 @@ class GroupLedger:
         A new group is placed there (its home), claiming its prompt's blocks provisionally. Its next
         prompt confirms it, its size what the two prompts share; later prompts on its home may grow
         it (what the index held there). Sent to another replica, it moves there when neither that
-        replica nor its home held any of it (a placement: its home's picture lost it), or when its
-        home no longer has room for it and the new replica has (a move); otherwise it was a spill
-        under load and keeps its home.
+        replica nor its home held any of it and the new replica has room for it (a placement: its
+        home's picture lost it), or when its home no longer has room for it and the new replica has
+        (a move); otherwise it was a spill under load and keeps its home. A placement ignored room
+        once: a request the `latency-knee` filter sent off its group's home re-homed the group on
+        whichever replica was within the knee, and the `kv-fit` runs with the gate on put 10 groups
+        on a replica that fits 8 (docs/benchmarks.md, "A decode step in the knee").
         """
         key = group_key(prefix_keys, self.group_blocks)
         if key is None:
@@ -247,7 +250,7 @@ class GroupLedger:
         elif replica == g.home and held_blocks > g.blocks:
             self._resize(g, float(held_blocks))  # it grew (a conversation), as far as the index saw
         if replica != g.home:
-            placed = held_blocks == 0 and held_on_home == 0
+            placed = held_blocks == 0 and held_on_home == 0 and self._has_room(replica, g.blocks)
             if placed or self._must_move(g, key, replica):
                 self._unclaim(g.home, key, g.blocks)
                 g.home = replica
@@ -321,10 +324,12 @@ class GroupLedger:
         room = self._room.get(replica)
         if home_room is None or room is None:
             return False
-        return (
-            self._ahead_of(g.home, key) + g.blocks > home_room
-            and self._claimed.get(replica, 0.0) + g.blocks <= room
-        )
+        return self._ahead_of(g.home, key) + g.blocks > home_room and self._has_room(replica, g.blocks)
+
+    def _has_room(self, replica: str, blocks: float) -> bool:
+        """`replica`'s groups and `blocks` more fit in its room (True while its room is unknown)."""
+        room = self._room.get(replica)
+        return room is None or self._claimed.get(replica, 0.0) + blocks <= room
 
     def _believe(self, replica: str, held: int, blocks: int) -> None:
         r = self._reality.setdefault(replica, _Reality())

@@ -10,10 +10,21 @@ goes next (issue #11).
 The rule, per request and replica (the latency model: `policies.latency`):
 
     unloaded  = the request's predicted TTFT on that replica with nothing ahead of it
-    bound     = min(knee_factor x unloaded, the tightest TTFT SLO that applies), never below unloaded
+    knee      = knee_factor x unloaded, and at least unloaded + one decode step of the batch running
+                there (no step when nothing runs)
+    bound     = min(knee, the tightest TTFT SLO that applies), never below unloaded
     predicted = its predicted TTFT there now (the work ahead, the step under way, its own prefill,
                 its wait for free KV blocks there)
     room      = 0 if predicted > bound, else 1 + how many more requests of its size fit below bound
+
+The decode step in the knee: a request sent to a replica that is running anything waits for the
+step under way, up to one decode step, however long kvgate holds it (the replica keeps stepping), so
+that wait is not a queue the gate can shorten. For a short prompt, whose unloaded TTFT is about one
+step, `knee_factor` x unloaded alone was crossed whenever a step was under way: at 2 streams per
+replica on 256-token prompts the gate held 58-100% of the requests and their TTFT p90 was 115-165 ms
+against 14 ms (docs/benchmarks.md, "A decode step in the knee"). A long prompt's knee is unchanged:
+(knee_factor - 1) x its unloaded TTFT is more than a step. The caller leaves the step out of a heavy
+tenant's knee while a light one uses the pool (gateway/latency_gate.py).
 
 A TTFT SLO tighter than the request's unloaded TTFT cannot be met anywhere: the request then goes
 only to a replica with nothing ahead of it. With a TPOT SLO, a replica whose predicted time per
@@ -82,9 +93,20 @@ def parse_ttft_slo_header(raw: bytes | None) -> float | None:
     return ms / 1000.0
 
 
-def ttft_bound_s(unloaded_s: float, knee_factor: float, ttft_slo_s: float | None) -> float:
-    """The highest predicted TTFT a replica may show for the request to be sent there now."""
+def knee_bound_s(unloaded_s: float, knee_factor: float, step_s: float = 0.0) -> float:
+    """The knee (module docstring): `knee_factor` x `unloaded_s`, at least `unloaded_s` + `step_s`,
+    the decode step of the batch running on the replica (0 when nothing runs there)."""
     bound = knee_factor * unloaded_s
+    floor = unloaded_s + step_s
+    return bound if bound > floor else floor
+
+
+def ttft_bound_s(
+    unloaded_s: float, knee_factor: float, ttft_slo_s: float | None, step_s: float = 0.0
+) -> float:
+    """The highest predicted TTFT a replica may show for the request to be sent there now: the knee
+    (`knee_bound_s`), or a tighter TTFT SLO, but never below the unloaded TTFT."""
+    bound = knee_bound_s(unloaded_s, knee_factor, step_s)
     if ttft_slo_s is not None and ttft_slo_s < bound:
         bound = ttft_slo_s
     return bound if bound > unloaded_s else unloaded_s
@@ -97,13 +119,15 @@ def replica_room(
     knee_factor: float,
     slo: LatencySlo,
     tpot_s: float = 0.0,
+    step_s: float = 0.0,
 ) -> int:
     """How many requests like this one the replica can take now (module docstring): 0 when its
     predicted TTFT is over the bound (or its predicted TPOT over a TPOT SLO), else 1 + those that
-    fit in the slack at `per_request_s` (each one's own prefill seconds there) apiece."""
+    fit in the slack at `per_request_s` (each one's own prefill seconds there) apiece. `step_s`: the
+    decode step of the batch running there (0 when nothing runs)."""
     if slo.tpot_s is not None and tpot_s > slo.tpot_s:
         return 0
-    bound = ttft_bound_s(unloaded_s, knee_factor, slo.ttft_s)
+    bound = ttft_bound_s(unloaded_s, knee_factor, slo.ttft_s, step_s)
     if not predicted_s <= bound:  # also NaN
         return 0
     if not per_request_s > 0:
@@ -112,9 +136,11 @@ def replica_room(
     return 1 + (int(more) if more < _UNBOUNDED_ROOM else _UNBOUNDED_ROOM)
 
 
-def excess_s(predicted_s: float, unloaded_s: float, knee_factor: float, slo: LatencySlo) -> float:
+def excess_s(
+    predicted_s: float, unloaded_s: float, knee_factor: float, slo: LatencySlo, step_s: float = 0.0
+) -> float:
     """Seconds of work the replica must drain before the request fits under its bound (0 if it fits)."""
-    over = predicted_s - ttft_bound_s(unloaded_s, knee_factor, slo.ttft_s)
+    over = predicted_s - ttft_bound_s(unloaded_s, knee_factor, slo.ttft_s, step_s)
     return over if over > 0 else 0.0
 
 

@@ -34,7 +34,13 @@ from types import MappingProxyType
 from policies.latency.follow_ups import FollowUpCredits, Joiners
 from policies.latency.kv_admission import KvLedger
 from policies.latency.prior import LatencyPrior
-from policies.latency.replica_model import TTFT_X_TOKENS, Quote, ReplicaLatencyModel, quote_costs
+from policies.latency.replica_model import (
+    TPOT_X_TOKENS,
+    TTFT_X_TOKENS,
+    Quote,
+    ReplicaLatencyModel,
+    quote_costs,
+)
 from policies.types import ReplicaState
 
 
@@ -269,6 +275,18 @@ class LatencyEstimator:
         part of the TTFT fit: without its fixed cost)."""
         model = self._models.get(state.name) or self.model(state.name, state.pool)
         return model.prefill_s(uncached)
+
+    def running_step_s(self, state: ReplicaState, now: float, stale_after_s: float) -> float:
+        """Predicted seconds of a decode step of the batch running on `state`'s replica now (kvgate's
+        in flight, and a fresh scrape's running beyond them); 0 when nothing runs there. The wait for
+        the step under way the latency gate's knee allows for (`latency_admission.knee_bound_s`)."""
+        model = self._models.get(state.name) or self.model(state.name, state.pool)
+        fresh = state.scraped_at is not None and now - state.scraped_at <= stale_after_s
+        batch = model.batch_kv_tokens(state, fresh)
+        if batch <= 0:
+            return 0.0
+        tpot = model.tpot
+        return tpot.a + tpot.b * batch / TPOT_X_TOKENS  # as `quote` works it out, to the bit
 
     def tpot_s(self, state: ReplicaState, now: float, stale_after_s: float) -> float:
         """Predicted seconds between two output tokens on `state`'s replica now."""

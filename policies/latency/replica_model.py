@@ -58,8 +58,9 @@ _NOT_TOLD = float("-inf")  # a due entry's dispatch time when the caller did not
 # One replica's price for one request in one decision (`ReplicaLatencyModel.quote`), a plain tuple
 # (built per candidate on the request path: a NamedTuple's constructor costs ~1k instructions more):
 # (predicted TTFT s, own uncached tokens, the TTFT fit's slope (s per TTFT_X_TOKENS prefill tokens),
-# requests running there, unloaded TTFT of the whole prompt s).
-Quote = tuple[float, int, float, int, float]
+# requests running there, unloaded TTFT of the whole prompt s, a decode step of the batch running
+# there s (0.0 when nothing runs): the knee's allowance for the step under way).
+Quote = tuple[float, int, float, int, float, float]
 
 
 def quote_costs(
@@ -70,12 +71,12 @@ def quote_costs(
     x = TTFT_X_TOKENS
     if stalls is None:
         if work_weight:
-            return [t + work_weight * b * own / x for t, own, b, _, _ in quotes]
+            return [t + work_weight * b * own / x for t, own, b, _, _, _ in quotes]
         return [q[0] for q in quotes]
     costs: list[float] = []
     cost, stall = costs.append, stalls.append
     unit = work_weight == 1.0  # then its work term is exactly its prefill's seconds: 1.0 x b == b
-    for t, own, b, running, _ in quotes:
+    for t, own, b, running, _, _ in quotes:
         prefill = b * own / x
         stall(running * prefill if running else 0.0)
         cost(t + prefill if unit else t + work_weight * b * own / x if work_weight else t)
@@ -208,9 +209,9 @@ class ReplicaLatencyModel:
         """One decision's price of this replica for a request with `uncached` tokens of its own to
         prefill here, its whole prompt `whole_x` x TTFT_X_TOKENS tokens (a `Quote`): `ttft_s` from
         `state`'s inputs, the fit's slope and the running requests for the work and stall terms
-        (`quote_costs`), and the unloaded TTFT of the whole prompt (`ttft_s(0, whole, 0, 0)`) for the
-        knee. The request path's per-candidate call, inlined (the arithmetic of the methods above,
-        about 3x faster)."""
+        (`quote_costs`), and for the knee the unloaded TTFT of the whole prompt (`ttft_s(0, whole,
+        0, 0)`) and the decode step of the batch (0.0 with no batch). The request path's
+        per-candidate call, inlined (the arithmetic of the methods above, about 3x faster)."""
         # batch_kv_tokens (others_beyond, inlined), and the requests decoding here for the stall
         # term: kvgate's in flight, or a fresh scrape's running if more. The batch is what the next
         # step reads now; the stall term's count also keeps the scrape's requests of kvgate's that
@@ -251,11 +252,14 @@ class ReplicaLatencyModel:
             last = self.last_step_at
             since = now - last if last is not None else -1.0
             cost += length - since if 0.0 <= since < length else 0.5 * step
+            running_step = step
+        else:
+            running_step = 0.0
         if cost < step:
             cost = step
         # ttft_s(0.0, whole, 0.0, 0.0): nothing ahead, no batch (its step is the fit's intercept)
         unloaded = ta + tb * whole_x
-        return cost, uncached, tb, running, unloaded if unloaded > step0 else step0
+        return cost, uncached, tb, running, unloaded if unloaded > step0 else step0, running_step
 
     def prefill_s(self, uncached: float) -> float:
         return self.ttft.b * uncached / TTFT_X_TOKENS

@@ -111,6 +111,60 @@ async def test_the_gate_holds_the_next_request_past_the_knee_and_a_first_token_r
     assert h.started == ["r1", "r2"] and waiting.result() == "queued"
 
 
+async def test_a_short_prompt_is_not_held_for_the_decode_step_under_way() -> None:
+    # A 300-token prompt's unloaded TTFT (~8 ms) is about one decode step. With r1 decoding and a
+    # step just begun, the wait for it puts r2's predicted TTFT past the knee (1.5 x unloaded: the
+    # tenant is alone), and when it ends the next step begins at once: holding r2 at kvgate could
+    # not shorten that wait. The knee allows a decode step beyond the unloaded TTFT.
+    short = 300
+    h = Harness()
+    assert await h.request("r1", prompt=short) == "direct"
+    h.first_token()  # r1 decodes
+    now = h.clock()
+    h.est.step_seen("a", now)  # a decode step under way from now
+    state = h.fleet.snapshot().by_name("a")
+    assert state is not None
+    unloaded, step = h.est.unloaded_ttft_s(state, short), h.est.running_step_s(state, now, 1.0)
+    assert 1.5 * unloaded < h.est.ttft_s(state, short, now, 1.0) <= unloaded + step  # the case
+    assert await h.request("r2", prompt=short) == "direct"
+    # A whole prompt's prefill ahead is still a queue: r3 waits for r2's first token.
+    waiting = asyncio.ensure_future(h.request("r3", prompt=short))
+    await settle_loop()
+    assert h.started == ["r1", "r2"]
+    h.first_token("r2")
+    await settle_loop()
+    assert h.started == ["r1", "r2", "r3"] and waiting.result() == "queued"
+
+
+async def test_a_heavy_tenant_beside_a_light_one_is_held_without_the_step_floor() -> None:
+    # Two tenants, 300-token prompts, a decode step just begun on the one replica. With A alone in
+    # flight (u went quiet, so A is not alone in the window but nobody is outweighed) the knee
+    # allows the step under way: A1 and A2 go. With B decoding one request beside A's three, B is
+    # below its share and A above its own: A's knee loses the floor (its hold keeps room for B), A3 waits,
+    # while B's next request, at the light knee with the floor, goes past it.
+    short = 300
+    h = Harness()
+    assert await h.request("u0", tenant="u", prompt=short) == "direct"
+    h.finish_oldest()
+    assert await h.request("A0", tenant="A", prompt=short) == "direct"
+    h.first_token()
+    h.est.step_seen("a", h.clock())
+    for label in ("A1", "A2"):
+        assert await h.request(label, tenant="A", prompt=short) == "direct"
+        h.first_token()
+        h.est.step_seen("a", h.clock())
+    assert await h.request("B0", tenant="B", prompt=short) == "direct"  # light: its own knee
+    h.first_token()
+    h.est.step_seen("a", h.clock())
+    held = asyncio.ensure_future(h.request("A3", tenant="A", prompt=short))
+    await settle_loop()
+    assert h.started == ["u0", "A0", "A1", "A2", "B0"] and h.adm.depth == 1  # the heavy tenant waits
+    b1 = asyncio.ensure_future(h.request("B1", tenant="B", prompt=short))
+    await settle_loop()
+    assert b1.done() and h.started[-1] == "B1" and not held.done()  # past A3, with no capacity event
+    held.cancel()
+
+
 async def test_off_it_is_todays_count_based_admission() -> None:
     h = Harness(predicted_admission=False)
     for i in range(8):

@@ -153,6 +153,25 @@ def test_a_group_that_must_move_but_fits_nowhere_stays() -> None:
     assert loop.ledger.home_of(group_key(prompt(12), 2)) == "r0"
 
 
+@pytest.mark.parametrize("full", [True, False])
+def test_a_group_sent_off_its_home_is_re_homed_only_where_it_fits(full: bool) -> None:
+    # Group 0 lives on r0; r1 is home to 6 groups (24 of its 25.6 usable blocks) or to 2. A request of
+    # group 0 that the latency-knee filter sends to r1 while the index believes neither replica holds
+    # it (r0 evicted it) re-places the group on r1 only if it fits there: otherwise its home stays r0
+    # and the kv-fit scorer brings its next request back.
+    ledger = GroupLedger()
+    capacity = {n: CAPACITY for n in NAMES}
+    for g in range(7 if full else 3):
+        home = "r0" if g == 0 else "r1"
+        ledger.fit_view(prompt(g), capacity, 0.0)
+        ledger.record(prompt(g), home, 0, 0.0)
+        ledger.record(prompt(g), home, SHARED, 0.1)  # reused: confirmed, 4 blocks
+    ledger.fit_view(prompt(0), capacity, 0.2)
+    ledger.record(prompt(0), "r1", 0, 0.2, held_on_home=0)
+    assert ledger.home_of(group_key(prompt(0), 2)) == ("r0" if full else "r1")
+    assert ledger.groups_on("r1") == (6 if full else 3)
+
+
 def test_quiet_groups_stop_claiming_and_the_ledger_is_bounded() -> None:
     ledger = GroupLedger(quiet_s=10.0, provisional_s=1.0, max_groups=50)
     for g in range(200):

@@ -14,6 +14,7 @@ from policies.latency_admission import (
     NO_SLO,
     LatencySlo,
     excess_s,
+    knee_bound_s,
     parse_ttft_slo_header,
     replica_room,
     retry_after_from_drain,
@@ -104,6 +105,23 @@ def test_a_tighter_ttft_slo_shrinks_the_room_and_a_tpot_slo_closes_a_slow_replic
     slow = LatencySlo(tpot_s=0.02)
     assert replica_room(0.1, 0.1, 0.05, 2.0, slow, tpot_s=0.03) == 0
     assert replica_room(0.1, 0.1, 0.05, 2.0, slow, tpot_s=0.01) == 3
+
+
+def test_the_knee_allows_at_least_a_decode_step_on_a_busy_replica() -> None:
+    # A short prompt: 6 ms unloaded, a 5 ms decode step running there. 1.25 x 6 ms leaves 1.5 ms of
+    # slack, less than the step under way that any request sent there waits for: the knee is 11 ms.
+    assert knee_bound_s(0.006, 1.25, 0.005) == pytest.approx(0.011)
+    assert knee_bound_s(0.006, 1.25) == pytest.approx(0.0075)  # nothing runs there: no step
+    # A long prompt: 30 ms unloaded, 7.5 ms of slack at 1.25 is more than the step: unchanged.
+    assert knee_bound_s(0.030, 1.25, 0.005) == pytest.approx(0.0375)
+    # The gate's bound, its room and its drain count the step the same way.
+    assert ttft_bound_s(0.006, 1.25, None, 0.005) == pytest.approx(0.011)
+    assert replica_room(0.010, 0.006, 0.006, 1.25, NO_SLO) == 0  # mid-step, without the allowance
+    assert replica_room(0.010, 0.006, 0.006, 1.25, NO_SLO, step_s=0.005) == 1
+    assert excess_s(0.013, 0.006, 1.25, NO_SLO, 0.005) == pytest.approx(0.002)
+    # An SLO still caps it (never below unloaded): the allowance loosens the knee, not an SLO.
+    assert ttft_bound_s(0.006, 1.25, 0.008, 0.005) == pytest.approx(0.008)
+    assert ttft_bound_s(0.006, 1.25, 0.004, 0.005) == pytest.approx(0.006)
 
 
 def test_retry_after_is_the_predicted_drain_rounded_up() -> None:

@@ -112,6 +112,13 @@ def reference_cost_s(
     return cost
 
 
+def reference_step_s(model: Model, state: ReplicaState, fresh: bool) -> float:
+    """A decode step of the batch running on `state`'s replica (kvgate's in flight and a fresh
+    scrape's beyond them), 0.0 when nothing runs there: the knee's allowance for the step under way."""
+    batch = model.batch_kv_tokens(state, fresh)
+    return model.tpot.a + model.tpot.b * batch / TPOT_X_TOKENS if batch > 0 else 0.0
+
+
 def reference_running(r: ReplicaState, fresh: bool) -> int:
     """Requests decoding there for the stall term: kvgate's in flight, or a fresh scrape's running if
     more (its requests of kvgate's that ended since included)."""

@@ -2,6 +2,7 @@
 
 import random
 
+from policies.kv_fit import GroupFit
 from policies.latency.estimator import LatencyEstimator
 from policies.scheduling.builtin_profiles import BUILTIN_PROFILE_NAMES, build_builtin_profile
 from policies.scheduling.context import SchedulingContext, latency_quotes
@@ -119,3 +120,35 @@ def test_every_built_in_profile_routes_away_from_the_replica_past_the_knee() -> 
         for seed in range(3):
             d = profile.schedule(ctx(est, 1.25), [a, b], random.Random(seed))
             assert names(d.ranked)[0] == "b", (name, seed)
+
+
+def test_a_short_prompt_may_wait_for_the_decode_step_under_way_if_no_replica_is_nearer() -> None:
+    # A 256-token prompt's unloaded TTFT is about one step, so 1.25 x it leaves less slack than the
+    # decode step under way on a busy replica. a is decoding, its step just begun; b is idle; c is
+    # computing a 4,000-token prefill, a step no decode cadence excuses.
+    short = 256
+    est = LatencyEstimator(BLOCK)
+    a = replica("a", in_flight=4, in_flight_tokens=8_000, running=4)
+    b = replica("b")
+    c = replica("c", in_flight=1, in_flight_tokens=4_000, running=1)
+    est.dispatched(est.predict(c, 4_000, NOW - 0.002, 1.0))
+    est.step_seen("c", NOW - 0.001)  # c's step began after that dispatch: it is computing it
+    est.step_seen("a", NOW - 0.0005)
+    info = RequestInfo(model="m", base_model="m", adapter=None, prompt_tokens=short, max_tokens=64,
+                       prefix_keys=tuple(range(short // BLOCK)))  # fmt: skip
+
+    def context(view: GroupFit | None = None) -> SchedulingContext:
+        return SchedulingContext(request=info, now=NOW, prefix_match={}, prefix_blocks=short // BLOCK,
+                                 latency=est, knee_factor=1.25, quotes={}, kv_fit=view)  # fmt: skip
+
+    quotes = dict(zip("abc", latency_quotes(context(), [a, b, c]), strict=True))
+    predicted, _, _, _, unloaded, step = quotes["a"]
+    assert step == est.running_step_s(a, NOW, 1.0) > 0 and quotes["b"][5] == 0.0  # idle: no step
+    assert 1.25 * unloaded < predicted <= unloaded + step  # the case: past 1.25x, within the step
+    # An idle replica is nearer: it goes first. Without one, a mid-step replica rather than c.
+    assert names(LatencyKneeFilter().filter(context(), [a, b, c])) == ["b"]
+    assert names(LatencyKneeFilter().filter(context(), [a, c])) == ["a"]
+    # With a group ledger's view (the kv-fit scorer's), every replica the gate would send it to
+    # stays: where the group lives is that scorer's decision, not the step's phase.
+    view = GroupFit(group=1, blocks=4.0)
+    assert names(LatencyKneeFilter().filter(context(view), [a, b, c])) == ["a", "b"]

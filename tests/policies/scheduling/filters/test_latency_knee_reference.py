@@ -5,7 +5,8 @@ The filter prices every candidate on every request (with predicted admission on,
 one pass whose quotes the scorer then reads (`SchedulingContext.quotes`). The reference prices each
 candidate on its own: its predicted TTFT through the model's plain input methods (`reference_cost_s`)
 against the knee x `LatencyEstimator.unloaded_ttft_s` of the whole prompt (and each quote is held
-to these, to the last bit). On random fleets, ledgers,
+to these, to the last bit), failing that against the gate's knee, at least the unloaded TTFT + a
+decode step of the batch running there (`reference_step_s`). On random fleets, ledgers,
 step dates, calibrations and prefix matches the two must keep the same replicas; and every built-in
 profile must make the same decision (ranking, totals, drops) with the memo as without it.
 """
@@ -18,8 +19,10 @@ from random import Random
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from policies.kv_fit import GroupFit
 from policies.latency.estimator import LatencyEstimator
 from policies.latency.replica_model import Quote
+from policies.latency_admission import knee_bound_s
 from policies.scheduling.builtin_profiles import BUILTIN_PROFILE_NAMES, build_builtin_profile
 from policies.scheduling.context import SchedulingContext
 from policies.scheduling.filters.latency_knee import LatencyKneeFilter
@@ -32,6 +35,7 @@ from tests.policies.scheduling.latency_fleets import (
     fleet,
     reference_cost_s,
     reference_running,
+    reference_step_s,
     specs,
 )
 
@@ -41,7 +45,7 @@ def reference_kept(ctx: SchedulingContext, candidates: Sequence[ReplicaState]) -
     est, knee = ctx.latency, ctx.knee_factor
     assert est is not None and knee is not None
     prompt = ctx.request.prompt_tokens
-    kept = []
+    within, stepped = [], []
     predicted_of = {}
     for r in candidates:
         uncached = est.uncached_tokens(prompt, ctx.prefix_match.get(r.name, 0))
@@ -50,8 +54,14 @@ def reference_kept(ctx: SchedulingContext, candidates: Sequence[ReplicaState]) -
             est.model(r.name, r.pool), r, fresh, uncached, ctx.now, 0.0
         )
         saving = est.prefill_s(r, prompt - uncached)  # the prefill its held prefix saves
-        if predicted <= knee * est.unloaded_ttft_s(r, prompt) + saving:
-            kept.append(r)
+        unloaded = est.unloaded_ttft_s(r, prompt)
+        if predicted <= knee * unloaded + saving:
+            within.append(r)
+        # The gate's knee: at least a decode step of the batch running there beyond unloaded.
+        bound = knee_bound_s(unloaded, knee, reference_step_s(est.model(r.name, r.pool), r, fresh))
+        if predicted <= bound + saving:
+            stepped.append(r)
+    kept = stepped if ctx.kv_fit is not None else within or stepped
     if kept:
         return kept
     best = min(predicted_of.values())  # none within the knee: within the knee of the best one
@@ -59,18 +69,20 @@ def reference_kept(ctx: SchedulingContext, candidates: Sequence[ReplicaState]) -
 
 
 def context(prompt_tokens: int, match: dict[str, float], est: LatencyEstimator, knee: float | None,
-            quotes: dict[str, Quote] | None) -> SchedulingContext:  # fmt: skip
+            quotes: dict[str, Quote] | None, view: GroupFit | None = None) -> SchedulingContext:  # fmt: skip
     info = RequestInfo(model="m", base_model="m", adapter=None, prompt_tokens=prompt_tokens, max_tokens=64,
                        prefix_keys=tuple(range(prompt_tokens // BLOCK)))  # fmt: skip
     return SchedulingContext(request=info, now=NOW, prefix_match=match, prefix_blocks=len(info.prefix_keys),
-                             stale_after_s=STALE, latency=est, knee_factor=knee, quotes=quotes)  # fmt: skip
+                             stale_after_s=STALE, latency=est, knee_factor=knee, quotes=quotes,
+                             kv_fit=view)  # fmt: skip
 
 
 @settings(max_examples=300, deadline=None)
 @given(fleet_specs=st.lists(specs, min_size=1, max_size=8), prompt_tokens=st.integers(0, 40_000))
 def test_each_quote_is_its_reference(fleet_specs: list[Spec], prompt_tokens: int) -> None:
     # To the last bit: the predicted TTFT, the uncached tokens, the fit's slope, the running requests
-    # (kvgate's, or a fresh scrape's if more) and the whole prompt's unloaded TTFT.
+    # (kvgate's, or a fresh scrape's if more), the whole prompt's unloaded TTFT and the decode step of
+    # the batch running there (0.0 when none runs).
     est, candidates, match = fleet(fleet_specs)
     memo: dict[str, Quote] = {}
     quotes = est.price(candidates, prompt_tokens, match, NOW, STALE, memo)
@@ -82,7 +94,9 @@ def test_each_quote_is_its_reference(fleet_specs: list[Spec], prompt_tokens: int
         running = reference_running(r, fresh)
         ttft = reference_cost_s(model, r, fresh, uncached, NOW, 0.0)
         unloaded = est.unloaded_ttft_s(r, prompt_tokens)
-        assert quote == (ttft, uncached, model.ttft.b, running, unloaded)
+        step = reference_step_s(model, r, fresh)
+        assert step == est.running_step_s(r, NOW, STALE)  # the gate's, for the same knee
+        assert quote == (ttft, uncached, model.ttft.b, running, unloaded, step)
 
 
 @settings(max_examples=300, deadline=None)
@@ -90,12 +104,17 @@ def test_each_quote_is_its_reference(fleet_specs: list[Spec], prompt_tokens: int
     fleet_specs=st.lists(specs, min_size=2, max_size=8),
     prompt_tokens=st.integers(0, 40_000),
     knee=st.sampled_from([1.0, 1.25, 2.0, 4.0]),
+    placed=st.booleans(),
 )
-def test_the_filter_is_its_reference(fleet_specs: list[Spec], prompt_tokens: int, knee: float) -> None:
+def test_the_filter_is_its_reference(
+    fleet_specs: list[Spec], prompt_tokens: int, knee: float, placed: bool
+) -> None:
     est, candidates, match = fleet(fleet_specs)
     memo: dict[str, Quote] = {}
-    kept = LatencyKneeFilter().filter(context(prompt_tokens, match, est, knee, memo), candidates)
-    assert names(kept) == names(reference_kept(context(prompt_tokens, match, est, knee, None), candidates))
+    view = GroupFit(group=1, blocks=4.0) if placed else None  # a kv-fit profile's group ledger view
+    kept = LatencyKneeFilter().filter(context(prompt_tokens, match, est, knee, memo, view), candidates)
+    reference = reference_kept(context(prompt_tokens, match, est, knee, None, view), candidates)
+    assert names(kept) == names(reference)
     # It priced every candidate into the decision's memo, for the scorer.
     assert sorted(memo) == sorted(names(candidates))
 
