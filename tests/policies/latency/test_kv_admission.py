@@ -379,6 +379,7 @@ def test_the_gate_s_room_and_drain_are_a_whole_play_s() -> None:
         now, prompt = rng.uniform(1, 3), rng.randrange(100, 6000)
         keys = tuple([rng.randrange(4)] + [rng.randrange(3) for _ in range(rng.randrange(0, 30))])
         knee = rng.choice([1.25, 3.0, 50.0])
+        outweighed = rng.random() < 0.5  # a light tenant beside a heavy one: no decode-step floor
         answers = []
         for cls in (LatencyEstimator, WholePlays):
             r2 = random.Random(seed)
@@ -398,8 +399,9 @@ def test_the_gate_s_room_and_drain_are_a_whole_play_s() -> None:
                         est.prefilled(ticket)
                         est.started(ticket, at + r2.uniform(0, 0.2))
             pools = SimpleNamespace(replicas=lambda s=states: s, thr=thr)
-            pool = SimpleNamespace(indexes=range(len(states)), pending=0,
-                                   share=SimpleNamespace(alone=lambda now, depth: False),
+            share = SimpleNamespace(alone=lambda now, depth: False,
+                                    someone_outweighed=lambda room, now, depth, o=outweighed: o)  # fmt: skip
+            pool = SimpleNamespace(indexes=range(len(states)), pending=0, share=share,
                                    queue=SimpleNamespace(depth_of=None))  # fmt: skip
             gate = LatencyGate(FlowControlConfig(knee_factor=knee), est, pools)  # type: ignore[arg-type]
             answers.append(gate.room(pool, now, prompt, LatencySlo(), False, keys))  # type: ignore[arg-type]
