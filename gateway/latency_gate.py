@@ -110,9 +110,10 @@ class LatencyGate:
             r = replicas[i]
             if replica_headroom(r, thr, now) <= 0:
                 continue
-            predicted = est.ttft_s(r, tokens, now, stale)
+            predicted, step = est.ttft_and_step_s(r, tokens, now, stale)
+            if not stepped:
+                step = 0.0
             unloaded = est.unloaded_ttft_s(r, tokens)
-            step = est.running_step_s(r, now, stale) if stepped else 0.0
             bound = ttft_bound_s(unloaded, knee, slo.ttft_s, step)
             if predicted <= bound:
                 # Within the bound before its wait for KV blocks: play the ledger for that wait.

@@ -136,12 +136,25 @@ class LatencyEstimator:
     def ttft_s(self, state: ReplicaState, uncached: int, now: float, stale_after_s: float) -> float:
         """Predicted seconds from dispatch to the first token of a request with `uncached` tokens to
         prefill, on `state`'s replica now."""
+        return self.ttft_and_step_s(state, uncached, now, stale_after_s)[0]
+
+    def ttft_and_step_s(
+        self, state: ReplicaState, uncached: int, now: float, stale_after_s: float
+    ) -> tuple[float, float]:
+        """`ttft_s`, and a decode step of the batch running on `state`'s replica (kvgate's in flight
+        and a fresh scrape's running beyond them; 0.0 when nothing runs there): the wait for the step
+        under way that the latency gate's knee allows for (`latency_admission.knee_bound_s`). One
+        pass over the replica's inputs: the gate prices every replica of a pool per admission."""
         model = self._models.get(state.name) or self.model(state.name, state.pool)
         fresh = state.scraped_at is not None and now - state.scraped_at <= stale_after_s
         batch = model.batch_kv_tokens(state, fresh)
         ahead = model.tokens_ahead(state, fresh, now)  # first: lets what is due leave the ledger
         wait = model.wait_s(batch, now, model.in_step_tokens(state, fresh))
-        return model.ttft_s(ahead, uncached, batch, wait)
+        ttft = model.ttft_s(ahead, uncached, batch, wait)
+        if batch <= 0:
+            return ttft, 0.0
+        tpot = model.tpot
+        return ttft, tpot.a + tpot.b * batch / TPOT_X_TOKENS  # the step as `quote` works it out, to the bit
 
     def unloaded_ttft_s(self, state: ReplicaState, uncached: int) -> float:
         """Predicted TTFT of a request with `uncached` tokens to prefill on `state`'s replica with
@@ -275,18 +288,6 @@ class LatencyEstimator:
         part of the TTFT fit: without its fixed cost)."""
         model = self._models.get(state.name) or self.model(state.name, state.pool)
         return model.prefill_s(uncached)
-
-    def running_step_s(self, state: ReplicaState, now: float, stale_after_s: float) -> float:
-        """Predicted seconds of a decode step of the batch running on `state`'s replica now (kvgate's
-        in flight, and a fresh scrape's running beyond them); 0 when nothing runs there. The wait for
-        the step under way the latency gate's knee allows for (`latency_admission.knee_bound_s`)."""
-        model = self._models.get(state.name) or self.model(state.name, state.pool)
-        fresh = state.scraped_at is not None and now - state.scraped_at <= stale_after_s
-        batch = model.batch_kv_tokens(state, fresh)
-        if batch <= 0:
-            return 0.0
-        tpot = model.tpot
-        return tpot.a + tpot.b * batch / TPOT_X_TOKENS  # as `quote` works it out, to the bit
 
     def tpot_s(self, state: ReplicaState, now: float, stale_after_s: float) -> float:
         """Predicted seconds between two output tokens on `state`'s replica now."""

@@ -124,7 +124,7 @@ async def test_a_short_prompt_is_not_held_for_the_decode_step_under_way() -> Non
     h.est.step_seen("a", now)  # a decode step under way from now
     state = h.fleet.snapshot().by_name("a")
     assert state is not None
-    unloaded, step = h.est.unloaded_ttft_s(state, short), h.est.running_step_s(state, now, 1.0)
+    unloaded, step = h.est.unloaded_ttft_s(state, short), h.est.ttft_and_step_s(state, short, now, 1.0)[1]
     assert 1.5 * unloaded < h.est.ttft_s(state, short, now, 1.0) <= unloaded + step  # the case
     assert await h.request("r2", prompt=short) == "direct"
     # A whole prompt's prefill ahead is still a queue: r3 waits for r2's first token.

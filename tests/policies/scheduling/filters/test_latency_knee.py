@@ -143,7 +143,7 @@ def test_a_short_prompt_may_wait_for_the_decode_step_under_way_if_no_replica_is_
 
     quotes = dict(zip("abc", latency_quotes(context(), [a, b, c]), strict=True))
     predicted, _, _, _, unloaded, step = quotes["a"]
-    assert step == est.running_step_s(a, NOW, 1.0) > 0 and quotes["b"][5] == 0.0  # idle: no step
+    assert step == est.ttft_and_step_s(a, short, NOW, 1.0)[1] > 0 and quotes["b"][5] == 0.0  # idle: no step
     assert 1.25 * unloaded < predicted <= unloaded + step  # the case: past 1.25x, within the step
     # An idle replica is nearer: it goes first. Without one, a mid-step replica rather than c.
     assert names(LatencyKneeFilter().filter(context(), [a, b, c])) == ["b"]

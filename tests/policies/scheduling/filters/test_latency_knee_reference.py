@@ -95,7 +95,7 @@ def test_each_quote_is_its_reference(fleet_specs: list[Spec], prompt_tokens: int
         ttft = reference_cost_s(model, r, fresh, uncached, NOW, 0.0)
         unloaded = est.unloaded_ttft_s(r, prompt_tokens)
         step = reference_step_s(model, r, fresh)
-        assert step == est.running_step_s(r, NOW, STALE)  # the gate's, for the same knee
+        assert step == est.ttft_and_step_s(r, uncached, NOW, STALE)[1]  # the gate's, for the same knee
         assert quote == (ttft, uncached, model.ttft.b, running, unloaded, step)
 
 
