@@ -245,7 +245,16 @@ def _bench(out: Path, *extra: str) -> subprocess.Popen[bytes]:
         "--no-progress",
         *extra,
     ]
-    return subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    # As a terminal starts it: SIGINT at its default. A process started with SIGINT ignored (a
+    # background job of a non-interactive shell, and so the pytest workers it starts) passes that on
+    # to its children, and Python then keeps ignoring it: Ctrl-C would not reach the bench at all.
+    return subprocess.Popen(
+        cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=_sigint_default
+    )
+
+
+def _sigint_default() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def _gone(pid: int) -> bool:
