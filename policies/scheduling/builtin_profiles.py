@@ -88,7 +88,11 @@ _SPECS: dict[str, dict[str, Any]] = {
     "predicted-latency": {
         # No load-guard and no queue-depth: the model prices the queue in seconds. `fresh` stays soft
         # as in `default` (a stale replica's queue is only known from kvgate's own ledger).
-        "filters": [*_BASE_FILTERS, {"type": "fresh"}],
+        # `prefix-spread`: the cost is one request's, so a hot prefix's requests all stayed where it
+        # is held while other replicas idled (two hot prefixes over 4 replicas at 8 streams per
+        # replica: 10-19% less goodput than `default`); a group crowding its replica now warms a copy
+        # elsewhere. No change on conversations or on many groups (docs/benchmarks.md, "Hot prefixes").
+        "filters": [*_BASE_FILTERS, {"type": "fresh"}, {"type": "prefix-spread"}],
         "scorers": [
             # work_weight 1: the cost of a choice is its TTFT plus the seconds of prefill it adds
             # there (what later requests wait for); a conversation moves only when its replica is
