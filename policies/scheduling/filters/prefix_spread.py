@@ -49,14 +49,16 @@ class PrefixSpreadFilter:
         est, keys = ctx.latency, ctx.request.prefix_keys
         if est is None or not keys or len(candidates) < 2:
             return candidates
+        loads = [r.waiting + r.in_flight for r in candidates]
+        limit = min(loads) + self.slack
+        if max(loads) <= limit:
+            return candidates  # the common case: no replica can be crowded by one group
+        # A group's requests there are among the replica's own in flight: only a replica loaded
+        # beyond `limit` is looked up.
         shared = int(self.min_share * ctx.request.prompt_tokens)
-        least = min(r.waiting + r.in_flight for r in candidates)
-        limit = least + self.slack
-        # The group's count is at most kvgate's requests in flight there: only a replica with more
-        # than `limit` of those can be dropped, so the common case reads no prefix at all.
         kept = [
             r
-            for r in candidates
-            if est.kv_in_flight(r.name) <= limit or est.group_in_flight(r.name, keys, shared) <= limit
+            for r, load in zip(candidates, loads)  # noqa: B905 - same length
+            if load <= limit or est.group_in_flight(r.name, keys, shared) <= limit
         ]
         return kept if len(kept) < len(candidates) else candidates

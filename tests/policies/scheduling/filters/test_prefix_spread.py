@@ -89,6 +89,7 @@ def test_requests_that_ended_no_longer_count() -> None:
     est = LatencyEstimator(BLOCK)
     a, b = replica("a"), replica("b")
     tickets = [ticket(est, a, hot(i)) for i in range(5)]
+    a = replace(a, in_flight=5)
     assert names(PrefixSpreadFilter().filter(ctx(est, hot(99)), [a, b])) == ["b"]
     est.prefilled(tickets[0])
     est.ended(tickets[0])
