@@ -12,7 +12,8 @@
   time to first token (`policies.latency`: uncached prefill ahead of the request and its own, at
   each replica's calibrated rate), which counts prefix affinity as the tokens it saves; small
   prefix-affinity and LoRA-locality terms break near-ties towards the held prefix (its next turn's
-  saving) and a resident adapter.
+  saving) and a resident adapter; `prefix-spread` sends a hot prefix group that crowds its replica
+  to another (the cost is one request's, and never pays for a second copy on its own).
 - `round-robin`, `least-loaded` (queue depth only), `prefix-only` and `random`: the baselines the
   benchmark compares against. They keep only the membership filters (the hard ones and slow-start),
   so they differ from `default` in how they choose, not in whether they can serve.
