@@ -303,6 +303,20 @@ class KvLedger:
             return 0
         return _common_prefix(prefix_keys, group[0]) * self.key_tokens
 
+    def group_in_flight(self, prefix_keys: Sequence[int], min_shared_tokens: int) -> int:
+        """Requests in flight of the group a prompt with `prefix_keys` belongs to (its first key),
+        when the prompt shares at least `min_shared_tokens` leading tokens with the group (else 0)."""
+        if not prefix_keys:
+            return 0
+        group = self._groups.get(prefix_keys[0])
+        if group is None:
+            return 0
+        n = -(-min_shared_tokens // self.key_tokens)  # keys to share (one tuple compare, in C)
+        keys = group[0]
+        if n > len(keys) or n > len(prefix_keys) or tuple(prefix_keys[:n]) != keys[:n]:
+            return 0
+        return group[1]
+
     def add(self, ident: int, prompt_tokens: int, output_tokens: int, first_at: float,
             prefix_keys: Sequence[int] = (), uncached_tokens: int = 0) -> None:  # fmt: skip
         """Request `ident` was sent: `prompt_tokens` to hold, up to `output_tokens` to generate, its

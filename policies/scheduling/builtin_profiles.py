@@ -12,7 +12,8 @@
   time to first token (`policies.latency`: uncached prefill ahead of the request and its own, at
   each replica's calibrated rate), which counts prefix affinity as the tokens it saves; small
   prefix-affinity and LoRA-locality terms break near-ties towards the held prefix (its next turn's
-  saving) and a resident adapter.
+  saving) and a resident adapter; `prefix-spread` sends a hot prefix group that crowds its replica
+  to another (the cost is one request's, and never pays for a second copy on its own).
 - `round-robin`, `least-loaded` (queue depth only), `prefix-only` and `random`: the baselines the
   benchmark compares against. They keep only the membership filters (the hard ones and slow-start),
   so they differ from `default` in how they choose, not in whether they can serve.
@@ -88,7 +89,11 @@ _SPECS: dict[str, dict[str, Any]] = {
     "predicted-latency": {
         # No load-guard and no queue-depth: the model prices the queue in seconds. `fresh` stays soft
         # as in `default` (a stale replica's queue is only known from kvgate's own ledger).
-        "filters": [*_BASE_FILTERS, {"type": "fresh"}],
+        # `prefix-spread`: the cost is one request's, so a hot prefix's requests all stayed where it
+        # is held while other replicas idled (two hot prefixes over 4 replicas at 8 streams per
+        # replica: 10-19% less goodput than `default`); a group crowding its replica now warms a copy
+        # elsewhere. No change on conversations or on many groups (docs/benchmarks.md, "Hot prefixes").
+        "filters": [*_BASE_FILTERS, {"type": "fresh"}, {"type": "prefix-spread"}],
         "scorers": [
             # work_weight 1: the cost of a choice is its TTFT plus the seconds of prefill it adds
             # there (what later requests wait for); a conversation moves only when its replica is

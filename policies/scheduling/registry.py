@@ -33,6 +33,7 @@ from policies.scheduling.filters.in_service import InServiceFilter
 from policies.scheduling.filters.kv_full import KvFullFilter
 from policies.scheduling.filters.latency_knee import LatencyKneeFilter
 from policies.scheduling.filters.load_guard import LoadGuardFilter
+from policies.scheduling.filters.prefix_spread import PrefixSpreadFilter
 from policies.scheduling.filters.serves_adapter import ServesAdapterFilter
 from policies.scheduling.filters.serves_model import ServesModelFilter
 from policies.scheduling.filters.slow_start import SlowStartFilter
@@ -73,6 +74,7 @@ _FILTERS: dict[str, type[Filter]] = {
     "slow-start": SlowStartFilter,
     "in-flight-cap": InFlightCapFilter,
     "latency-knee": LatencyKneeFilter,
+    "prefix-spread": PrefixSpreadFilter,
 }
 _SCORERS: dict[str, type[Scorer]] = {
     "prefix-affinity": PrefixAffinityScorer,

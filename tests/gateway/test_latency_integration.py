@@ -30,13 +30,18 @@ async def test_predictions_are_made_observed_and_exported() -> None:
         routes = [await one(i) for i in range(4)]
         routes += await asyncio.gather(*(one(i) for i in range(4, 12)))
 
-        # The header names the winner's and the runner-up's predicted TTFT.
-        for route in routes:
+        # The header names the winner's and the runner-up's predicted TTFT. The runner-up is the best
+        # of the other candidates the filters kept: the concurrent ones share a long prompt, and once
+        # more than 4 of them are in flight on one replica `prefix-spread` keeps only the other one.
+        for i, route in enumerate(routes):
             fields = dict(part.split("=", 1) for part in route.split(";"))
             assert float(fields["ttft_ms"]) > 0
-            assert fields["runner_up"] in ("r0", "r1") and fields["runner_up"] != fields["replica"]
-            assert float(fields["runner_up_ttft_ms"]) > 0
             assert "predicted-latency" in fields
+            if i < 4 or "runner_up" in fields:
+                assert fields["runner_up"] in ("r0", "r1") and fields["runner_up"] != fields["replica"]
+                assert float(fields["runner_up_ttft_ms"]) > 0
+            else:
+                assert "runner_up_ttft_ms" not in fields
 
         # Every stream's first token was observed against its prediction, per replica and pool.
         name = "kvgate_ttft_prediction_error_ratio_count"

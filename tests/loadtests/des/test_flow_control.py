@@ -13,6 +13,7 @@ from loadtests.des.gateways import GatewayViews
 from loadtests.runner import LoadConfig
 from loadtests.workloads import RandomWorkload, SharedPrefixWorkload
 from loadtests.workloads.spec import RequestSpec
+from simulator.engine import EngineConfig
 
 pytestmark = pytest.mark.timeout(120)
 INF = float("inf")
@@ -215,3 +216,22 @@ def test_short_prompts_at_low_load_are_not_held_for_the_step_under_way() -> None
     assert waits["held"] <= 20, waits
     ttfts = sorted(t.ttft for t in result.traces if t.ttft is not None)
     assert ttfts[int(0.9 * len(ttfts))] < 0.05  # about two steps, not a hold
+
+
+def test_a_hot_prefix_takes_every_replica_under_predicted_latency() -> None:
+    # Two 4,096-token system prompts over 4 replicas, 4 streams per replica, as kvgate ships (gate on):
+    # `predicted-latency` priced each request alone, so every request went where its prefix was held
+    # and two replicas served nothing (docs/benchmarks.md, "Hot prefixes"). `prefix-spread` warms a
+    # copy once a group crowds its replica.
+    fleet = FleetSpec(replicas=4, profile="llama-3-8b-h100", engine=EngineConfig(num_gpu_blocks=2048))
+    work = SharedPrefixWorkload(
+        groups=2, prompts_per_group=100, system_prompt_tokens=4096, question_tokens=256, output_tokens=64,
+        model=fleet.model_name, seed=0,
+    )  # fmt: skip
+    result = Simulation(DesConfig(fleet, policy="predicted-latency", flow_control=True)).run(
+        list(work.requests()), closed(16)
+    )
+    assert len(result.traces) == 200 and all(t.ok for t in result.traces)
+    served = [r.requests for r in result.replicas]
+    assert min(served) >= 20, served  # without the filter: [~100, ~100, 0, 0]
+    assert result.des_figures()["replica_hit_rate_min"] > 0.85  # each copy is warmed once, then used
