@@ -388,12 +388,12 @@ class LatencyEstimator:
             model = self._models.get(p.replica)
             self._credits.ended(now + (model.tpot.a if model is not None else 0.0))
 
-    def group_in_flight(self, replica: str, prefix_keys: tuple[int, ...], min_shared_tokens: int) -> int:
+    def group_in_flight(self, replica: str, prefix_keys: tuple[int, ...], min_shared_keys: int) -> int:
         """Requests in flight on `replica` of the prefix group of a prompt with `prefix_keys`, counted
-        when the prompt shares at least `min_shared_tokens` leading tokens with the group
+        when the prompt shares at least `min_shared_keys` leading keys with the group
         (`KvLedger.group_in_flight`)."""
         ledger = self._kv.get(replica)
-        return ledger.group_in_flight(prefix_keys, min_shared_tokens) if ledger is not None else 0
+        return ledger.group_in_flight(prefix_keys, min_shared_keys) if ledger is not None else 0
 
     def kv_in_flight(self, replica: str) -> int:
         """Requests the KV ledger holds on `replica` (dispatched, not ended)."""

@@ -303,17 +303,17 @@ class KvLedger:
             return 0
         return _common_prefix(prefix_keys, group[0]) * self.key_tokens
 
-    def group_in_flight(self, prefix_keys: Sequence[int], min_shared_tokens: int) -> int:
+    def group_in_flight(self, prefix_keys: Sequence[int], min_shared_keys: int) -> int:
         """Requests in flight of the group a prompt with `prefix_keys` belongs to (its first key),
-        when the prompt shares at least `min_shared_tokens` leading tokens with the group (else 0)."""
+        when the prompt shares at least `min_shared_keys` leading keys with the group (else 0)."""
         if not prefix_keys:
             return 0
         group = self._groups.get(prefix_keys[0])
         if group is None:
             return 0
-        n = -(-min_shared_tokens // self.key_tokens)  # keys to share (one tuple compare, in C)
+        n = max(min_shared_keys, 1)
         keys = group[0]
-        if n > len(keys) or n > len(prefix_keys) or tuple(prefix_keys[:n]) != keys[:n]:
+        if n > len(keys) or n > len(prefix_keys) or tuple(prefix_keys[:n]) != keys[:n]:  # one compare, in C
             return 0
         return group[1]
 

@@ -9,8 +9,8 @@ replicas idle at 8 streams per replica and served 10-19% less than `default`, an
 two idle at 4 per replica (docs/benchmarks.md, "Hot prefixes").
 
     group_r = the requests in flight on replica r of the request's prefix group (kvgate's KV ledger:
-              same first block, and the prompt shares at least `min_share` of its tokens with the
-              group's leading keys)
+              same first block, and the prompt shares at least `min_share` of its prefix keys
+              with the group's leading keys)
     least   = the least load (waiting + in flight) among the candidates
 
 It drops the candidates where group_r > least + `slack`: there the group alone already has more
@@ -22,6 +22,7 @@ ledger is the count) or without prefix keys; keeps at least the least-loaded can
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar
@@ -55,7 +56,9 @@ class PrefixSpreadFilter:
             return candidates  # the common case: no replica can be crowded by one group
         # A group's requests there are among the replica's own in flight: only a replica loaded
         # beyond `limit` is looked up.
-        shared = int(self.min_share * ctx.request.prompt_tokens)
+        # Shared keys, not tokens: the keys are the prompt's own blocks whatever counted its tokens
+        # (a tokenizer's count against keys over its bytes would make a share of tokens unreachable).
+        shared = math.ceil(self.min_share * len(keys))
         kept = [
             r
             for r, load in zip(candidates, loads)  # noqa: B905 - same length

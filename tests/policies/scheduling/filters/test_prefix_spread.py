@@ -119,3 +119,17 @@ def test_is_soft_and_in_the_predicted_latency_profile_only() -> None:
     types = [f["type"] for f in builtin_profile_spec("predicted-latency")["filters"]]
     assert "prefix-spread" in types
     assert "prefix-spread" not in [f["type"] for f in builtin_profile_spec("default")["filters"]]
+
+
+def test_the_share_is_of_the_prompts_keys_whatever_counted_its_tokens() -> None:
+    # A tokenizer may count more tokens than the prompt's keys cover (its keys are over the prompt's
+    # bytes): the share is of the keys, so the group is still found.
+    est = LatencyEstimator(BLOCK)
+    a, b = replica("a"), replica("b")
+    for i in range(5):
+        a = send(est, a, hot(i))
+    keys = hot(99)
+    info = RequestInfo(model="m", base_model="m", adapter=None, prompt_tokens=2 * len(keys) * BLOCK,
+                       max_tokens=64, prefix_keys=keys)  # fmt: skip
+    wide = SchedulingContext(request=info, now=NOW, prefix_match={}, prefix_blocks=len(keys), latency=est)
+    assert names(PrefixSpreadFilter().filter(wide, [a, b])) == ["b"]
